@@ -1,0 +1,3 @@
+from hangdx.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Which parser reads an artifact: decided from its content, never its name.
+
+Each artifact-kind module in probes/ exposes:
+    KIND: str
+    sniff(head: bytes) -> int     0 when the bytes are not this kind, else a score (higher = surer)
+    parse(data: bytes, src: Source, ev: Evidence) -> None
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from hangdx.probes.model import Evidence, Source
+from hangdx.probes.text import looks_binary
+
+_MODULES = [
+    "pyspy",
+    "procstate",
+    "flight_recorder",
+    "nccl_log",
+    "torch_log",
+    "nvidia_smi",
+    "kernel_log",
+    "ibstat",
+    "perfquery",
+    "ip_link",
+]
+
+HEAD_BYTES = 64 * 1024
+
+
+def parsers() -> list[ModuleType]:
+    out = []
+    for name in _MODULES:
+        try:
+            out.append(importlib.import_module(f"hangdx.probes.{name}"))
+        except ModuleNotFoundError as e:
+            if e.name != f"hangdx.probes.{name}":
+                raise
+    return out
+
+
+def detect(data: bytes) -> ModuleType | None:
+    """The parser module whose sniff is surest of these bytes, or None."""
+    head = data[:HEAD_BYTES]
+    best, best_score = None, 0
+    for mod in parsers():
+        try:
+            score = int(mod.sniff(head))
+        except Exception:  # a sniff must never sink the whole analysis
+            score = 0
+        if score > best_score:
+            best, best_score = mod, score
+    return best
+
+
+def parse_artifact(data: bytes, src: Source, ev: Evidence, kind: str | None = None) -> str | None:
+    """Parse one artifact into ev; returns the kind read, or None (with a gap saying why)."""
+    if not data.strip():
+        ev.gap(src.name, "empty file: nothing to read")
+        return None
+    mod = None
+    if kind:
+        mod = next((m for m in parsers() if m.KIND == kind), None)
+    if mod is None:
+        mod = detect(data)
+    if mod is None:
+        what = "binary content" if looks_binary(data[:HEAD_BYTES]) else "text"
+        ev.gap(src.name, f"not a known artifact ({what} of {len(data)} bytes): skipped")
+        return None
+    try:
+        mod.parse(data, src, ev)
+    except Exception as e:  # noqa: BLE001 - a bad file becomes a gap, never a traceback
+        ev.gap(src.name, f"could not parse as {mod.KIND}: {type(e).__name__}: {e}")
+        return None
+    ev.note_host(src.host)
+    return mod.KIND

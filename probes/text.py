@@ -1,0 +1,43 @@
+"""Turning raw artifact bytes into lines, safely: binary, truncated and huge input included."""
+
+from __future__ import annotations
+
+import re
+
+# A rank's log may be gigabytes; only the tail matters to a hang.
+MAX_TEXT_BYTES = 32 * 1024 * 1024
+
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d+)\]:\s?")
+
+
+def looks_binary(head: bytes) -> bool:
+    """True when bytes are not text: a NUL byte or mostly non-printable."""
+    if not head:
+        return False
+    if b"\x00" in head[:8192]:
+        return True
+    sample = head[:8192]
+    bad = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    return bad > len(sample) * 0.1
+
+
+def decode(data: bytes) -> str:
+    """Decode as UTF-8, replacing what is not, keeping only the last MAX_TEXT_BYTES."""
+    if len(data) > MAX_TEXT_BYTES:
+        data = data[-MAX_TEXT_BYTES:]
+        nl = data.find(b"\n")
+        data = data[nl + 1 :] if nl >= 0 else data
+    return data.decode("utf-8", errors="replace")
+
+
+def lines(data: bytes) -> list[str]:
+    """The lines of an artifact, without line endings."""
+    return decode(data).splitlines()
+
+
+def strip_rank_prefix(line: str) -> tuple[int | None, str]:
+    """Split torchrun's `[rank3]: ` / `[default3]:` prefix from a line."""
+    m = _RANK_PREFIX.match(line)
+    if not m:
+        return None, line
+    return int(m.group(1)), line[m.end() :]
