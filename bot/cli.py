@@ -1,8 +1,159 @@
-"""The `hangdx` command line."""
+"""The `hangdx` command line: analyze, diagnose, demo, serve, worker.
+
+Exit status (CONTRACTS.md): 0 when a verdict was produced, 2 on bad usage or unreadable
+input (one line naming the problem), 1 on internal error.
+"""
 
 from __future__ import annotations
 
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from hangdx import __version__
+
+# A job id reaches /proc scans, file names and, later, remote commands: keep it to a safe alphabet.
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+
+
+class UsageError(Exception):
+    """Bad usage or unreadable input: exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hangdx", description="Diagnose hung distributed training jobs.")
+    ap.add_argument("--version", action="version", version=f"hangdx {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    a = sub.add_parser("analyze", help="diagnose saved artifacts (files, folders, bundles, - for stdin)")
+    a.add_argument("paths", nargs="+", metavar="PATH")
+    a.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    a.add_argument("--job-id", help="the job's id, when the artifacts do not say")
+    a.add_argument("--world-size", type=int, help="how many ranks the job has, when the artifacts do not say")
+    a.add_argument("-v", "--verbose", action="store_true")
+
+    d = sub.add_parser("diagnose", help="probe a running job and diagnose it")
+    d.add_argument("job_id", metavar="JOBID")
+    where = d.add_mutually_exclusive_group()
+    where.add_argument("--local", action="store_true", help="probe this machine without SSH")
+    where.add_argument("--hosts", help="comma-separated hosts to probe over SSH")
+    where.add_argument("--inventory", metavar="FILE", help="YAML inventory of jobs and hosts")
+    where.add_argument("--slurm", action="store_true", help="ask Slurm for the job's hosts")
+    d.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    d.add_argument("--save-bundle", metavar="DIR", help="write the raw artifacts to DIR")
+    d.add_argument("--samples", type=int, default=3, help="stack samples per rank (default 3)")
+    d.add_argument("--interval", type=float, default=0.7, help="seconds between samples (default 0.7)")
+    d.add_argument("-v", "--verbose", action="store_true")
+
+    m = sub.add_parser("demo", help="start a real hung torch.distributed job here, diagnose it, clean up")
+    m.add_argument("--fault", default=None, help="which fault to inject (see --list)")
+    m.add_argument("--list", action="store_true", help="list the faults")
+    m.add_argument("--world-size", type=int, default=4)
+    m.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    m.add_argument("--keep", action="store_true", help="leave the job's workdir (logs) behind")
+
+    s = sub.add_parser("serve", help="the Slack bot")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=3000)
+    sub.add_parser("worker", help="run diagnoses queued in Redis")
+    return ap
+
 
 def main(argv: list[str] | None = None) -> int:
-    print("hangdx: not yet")
+    ap = _parser()
+    args = ap.parse_args(argv)
+
+    def fail(message: str) -> None:
+        sys.stderr.write(f"hangdx: {message}\n")
+
+    try:
+        if args.command == "analyze":
+            return cmd_analyze(args)
+        if args.command == "diagnose":
+            return cmd_diagnose(args)
+        if args.command == "demo":
+            from hangdx.bot.demo import run_demo
+
+            return run_demo(args)
+        if args.command in ("serve", "worker"):
+            raise UsageError(
+                f"`hangdx {args.command}` is not available in this version yet (the Slack bot is planned)"
+            )
+        ap.print_help()
+        return 2
+    except UsageError as e:
+        fail(str(e))
+        return 2
+    except KeyboardInterrupt:
+        fail("interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback, for a user at 3 AM
+        fail(f"internal error: {type(e).__name__}: {e} (please report it)")
+        if "HANGDX_DEBUG" in __import__("os").environ:
+            raise
+        return 1
+
+
+def _print(verdict, as_json: bool, verbose: bool = False) -> None:
+    from hangdx.bot import render
+
+    if as_json:
+        sys.stdout.write(render.to_json(verdict) + "\n")
+    else:
+        render.terminal(verdict, Console(highlight=False), verbose=verbose)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from hangdx.playbooks import engine
+    from hangdx.probes.bundle import InputError, evidence_from_paths
+
+    stdin = sys.stdin.buffer.read() if "-" in args.paths else None
+    try:
+        ev = evidence_from_paths(args.paths, stdin=stdin)
+    except InputError as e:
+        raise UsageError(str(e)) from None
+    if args.job_id:
+        ev.job_id = args.job_id
+    if args.world_size:
+        ev.world_size = args.world_size
+    if not (ev.stacks or ev.processes or ev.collectives or ev.events or ev.gpus or ev.ib_ports or ev.links):
+        reasons = "; ".join(f"{g.source}: {g.message}" for g in ev.gaps[:3])
+        raise UsageError(
+            f"nothing hangdx can read in {', '.join(args.paths)}" + (f" ({reasons})" if reasons else "")
+        )
+    _print(engine.run(ev), args.json, args.verbose)
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from hangdx.playbooks import engine
+    from hangdx.probes import bundle
+    from hangdx.probes.local import JobNotFound, collect_local, evidence_local
+
+    if not JOB_ID.match(args.job_id):
+        raise UsageError(f"{args.job_id!r} is not a job id (letters, digits and . _ : @ + - only)")
+    if args.hosts or args.inventory or args.slurm:
+        raise UsageError(
+            "multi-node probing (--hosts, --inventory, --slurm) is not available in this version yet; use --local"
+        )
+    if args.samples < 1 or args.samples > 20:
+        raise UsageError("--samples takes 1 to 20")
+    started = time.monotonic()
+    docs = collect_local(args.job_id, samples=args.samples, interval=max(0.0, args.interval))
+    if args.save_bundle:
+        try:
+            bundle.save(docs, Path(args.save_bundle), args.job_id)
+        except OSError as e:
+            raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror}") from None
+    try:
+        ev = evidence_local(docs, args.job_id)
+    except JobNotFound as e:
+        raise UsageError(str(e)) from None
+    verdict = engine.run(ev)
+    verdict.elapsed_seconds = time.monotonic() - started
+    _print(verdict, args.json, args.verbose)
     return 0

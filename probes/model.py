@@ -42,6 +42,7 @@ class Frame:
     line: int | None = None
     native: bool = False
     locals: dict[str, str] = field(default_factory=dict)
+    quote: Quote | None = None  # the dump line this frame was read from
 
     def where(self) -> str:
         return f"{self.function} ({self.file}:{self.line})" if self.line else f"{self.function} ({self.file})"

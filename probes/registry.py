@@ -55,7 +55,9 @@ def detect(data: bytes) -> ModuleType | None:
     return best
 
 
-def parse_artifact(data: bytes, src: Source, ev: Evidence, kind: str | None = None) -> str | None:
+def parse_artifact(
+    data: bytes, src: Source, ev: Evidence, kind: str | None = None, quiet: bool = False
+) -> str | None:
     """Parse one artifact into ev; returns the kind read, or None (with a gap saying why)."""
     if not data.strip():
         ev.gap(src.name, "empty file: nothing to read")
@@ -66,6 +68,8 @@ def parse_artifact(data: bytes, src: Source, ev: Evidence, kind: str | None = No
     if mod is None:
         mod = detect(data)
     if mod is None:
+        if quiet:
+            return None
         what = "binary content" if looks_binary(data[:HEAD_BYTES]) else "text"
         ev.gap(src.name, f"not a known artifact ({what} of {len(data)} bytes): skipped")
         return None

@@ -1,0 +1,116 @@
+"""The verdict for people: a terminal report (rich), Markdown for hand-offs, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from hangdx.playbooks.verdict import Culprit, Verdict
+
+_STATUS_STYLE = {
+    "hung": "bold red",
+    "failed": "bold red",
+    "progressing": "bold yellow",
+    "unknown": "bold white",
+}
+
+
+def culprit_text(c: Culprit) -> str:
+    parts = []
+    if c.ranks:
+        parts.append(
+            ("rank " if len(c.ranks) == 1 else "ranks ") + ", ".join(str(r) for r in sorted(set(c.ranks)))
+        )
+    if c.hosts:
+        parts.append(("host " if len(c.hosts) == 1 else "hosts ") + ", ".join(c.hosts))
+    if c.gpus:
+        parts.append("GPU " + ", ".join(c.gpus))
+    if c.links:
+        parts.append("link " + ", ".join(c.links))
+    return "; ".join(parts) or "none named"
+
+
+def to_json(v: Verdict) -> str:
+    return json.dumps(v.to_dict(), indent=2)
+
+
+def terminal(v: Verdict, console: Console, verbose: bool = False) -> None:
+    """Print the verdict as a report a tired on-call engineer can act on."""
+    rc = v.root_cause
+    head = Text()
+    head.append(f"job {v.job_id or '?'}  ", style="bold")
+    head.append(v.status.upper(), style=_STATUS_STYLE.get(v.status, "bold"))
+    if rc is None:
+        console.print(Panel(Group(head, Text("no finding")), title="hangdx"))
+        return
+    body = [head, Text("")]
+    body.append(
+        Text.assemble(
+            ("Root cause  ", "bold"), (rc.category, "bold cyan"), f"  (confidence {rc.confidence:.2f})"
+        )
+    )
+    body.append(Text(rc.summary))
+    body.append(Text.assemble(("Culprit     ", "bold"), culprit_text(rc.culprit)))
+    body.append(Text.assemble(("Fix         ", "bold"), rc.fix))
+    if rc.evidence:
+        body.append(Text("Evidence", style="bold"))
+        for q in rc.evidence[: 12 if verbose else 6]:
+            where = f"{q.source}:{q.line}" if q.line else q.source
+            body.append(Text.assemble(("  " + where + "  ", "dim"), q.text[:240]))
+    if rc.next_steps:
+        body.append(Text("Next steps", style="bold"))
+        for s in rc.next_steps:
+            body.append(Text("  - " + s))
+    console.print(
+        Panel(Group(*body), title="hangdx verdict", border_style="red" if v.status == "hung" else "yellow")
+    )
+    others = v.findings[1:]
+    if others:
+        t = Table(title="Other findings", show_lines=False, expand=True)
+        t.add_column("category", style="cyan", no_wrap=True)
+        t.add_column("conf", justify="right")
+        t.add_column("culprit")
+        t.add_column("summary", ratio=3)
+        for f in others:
+            t.add_row(f.category, f"{f.confidence:.2f}", culprit_text(f.culprit), f.summary)
+        console.print(t)
+    if v.gaps:
+        console.print(Text("Not seen:", style="bold dim"))
+        for g in v.gaps[: 20 if verbose else 6]:
+            console.print(Text("  " + g, style="dim"))
+        if len(v.gaps) > 6 and not verbose:
+            console.print(Text(f"  ... and {len(v.gaps) - 6} more", style="dim"))
+
+
+def markdown(v: Verdict) -> str:
+    """The verdict as Markdown, for a hand-off or a postmortem."""
+    rc = v.root_cause
+    out = [f"## hangdx: job {v.job_id or '?'} is {v.status}", ""]
+    if rc:
+        out += [
+            f"**Root cause:** `{rc.category}` (confidence {rc.confidence:.2f})",
+            "",
+            rc.summary,
+            "",
+            f"**Culprit:** {culprit_text(rc.culprit)}",
+            "",
+            f"**Fix:** {rc.fix}",
+            "",
+            "**Evidence:**",
+            "",
+            "```",
+            *[f"{q.source}:{q.line}  {q.text}" if q.line else f"{q.source}  {q.text}" for q in rc.evidence],
+            "```",
+            "",
+            "**Next steps:**",
+            "",
+            *[f"- {s}" for s in rc.next_steps],
+        ]
+    if len(v.findings) > 1:
+        out += ["", "**Other findings:**", ""]
+        out += [f"- `{f.category}` ({f.confidence:.2f}): {f.summary}" for f in v.findings[1:]]
+    return "\n".join(out) + "\n"

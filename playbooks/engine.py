@@ -1,0 +1,138 @@
+"""The playbook engine: run every playbook over the facts, render their words, rank the findings.
+
+A playbook is a plain function registered with `@playbook(...)`: it reads `Facts` and yields
+`Match`es (category, culprit, confidence, evidence, and a context for its template). What a
+finding *says* (summary, fix, next steps) lives in `templates/<playbook>.j2`, as three Jinja2
+macros, so that an on-call engineer can change the words without touching Python.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+from hangdx.playbooks.facts import Facts, derive
+from hangdx.playbooks.verdict import Culprit, Finding, Verdict
+from hangdx.probes.model import Evidence, Quote
+
+MAX_EVIDENCE = 12
+
+
+@dataclass
+class Match:
+    """What a playbook found, before its template turns it into words."""
+
+    category: str
+    confidence: float
+    culprit: Culprit
+    evidence: list[Quote] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+    status: str | None = None  # hung | progressing | failed, when the playbook knows better
+    template: str | None = None  # templates/<template>.j2; default: the playbook's name
+
+
+@dataclass(frozen=True)
+class Playbook:
+    name: str
+    order: int
+    func: Callable[[Facts], Iterable[Match]]
+    description: str
+
+
+_PLAYBOOKS: list[Playbook] = []
+
+
+def playbook(
+    name: str, order: int
+) -> Callable[[Callable[[Facts], Iterable[Match]]], Callable[[Facts], Iterable[Match]]]:
+    """Register a playbook; `order` is its place in the debugging flowchart."""
+
+    def register(func: Callable[[Facts], Iterable[Match]]) -> Callable[[Facts], Iterable[Match]]:
+        _PLAYBOOKS.append(Playbook(name, order, func, (func.__doc__ or "").strip().splitlines()[0]))
+        return func
+
+    return register
+
+
+def playbooks() -> list[Playbook]:
+    from hangdx.playbooks import flowchart  # noqa: F401 - registers the playbooks
+
+    return sorted(_PLAYBOOKS, key=lambda p: p.order)
+
+
+_env = jinja2.Environment(
+    loader=jinja2.PackageLoader("hangdx.playbooks", "templates"),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    autoescape=False,
+)
+_env.filters["ranks"] = lambda rs: ", ".join(str(r) for r in sorted(rs))
+_env.filters["plural"] = lambda n, word, many=None: word if n == 1 else (many or word + "s")
+
+
+def _words(name: str, ctx: dict[str, Any]) -> tuple[str, str, list[str]]:
+    module = _env.get_template(f"{name}.j2").make_module(ctx)
+    summary = " ".join(str(module.summary()).split())
+    fix = " ".join(str(module.fix()).split())
+    steps = [" ".join(s.split()) for s in str(module.next_steps()).splitlines() if s.strip()]
+    return summary, fix, [s.lstrip("- ") for s in steps]
+
+
+def _dedupe(quotes: list[Quote]) -> list[Quote]:
+    seen, out = set(), []
+    for q in quotes:
+        key = (q.source, q.line, q.text)
+        if key not in seen:
+            seen.add(key)
+            out.append(q)
+    return out[:MAX_EVIDENCE]
+
+
+def run(ev: Evidence) -> Verdict:
+    """Diagnose: facts from evidence, findings from playbooks, most likely first."""
+    started = time.monotonic()
+    facts = derive(ev)
+    findings: list[Finding] = []
+    statuses: list[str] = []
+    for pb in playbooks():
+        for m in pb.func(facts):
+            ctx = {"facts": facts, "culprit": m.culprit, **m.context}
+            summary, fix, steps = _words(m.template or pb.name, ctx)
+            findings.append(
+                Finding(
+                    pb.name, m.category, m.confidence, summary, m.culprit, _dedupe(m.evidence), fix, steps
+                )
+            )
+            if m.status:
+                statuses.append(m.status)
+    if any(f.category != "unknown" for f in findings):
+        findings = [f for f in findings if f.category != "unknown"]
+    findings.sort(key=lambda f: -f.confidence)
+    status = _status(facts, findings, statuses)
+    return Verdict(
+        job_id=ev.job_id,
+        status=status,
+        findings=findings,
+        gaps=[f"{g.source}: {g.message}" for g in ev.gaps],
+        elapsed_seconds=time.monotonic() - started,
+    )
+
+
+def _status(facts: Facts, findings: list[Finding], statuses: list[str]) -> str:
+    top = findings[0] if findings else None
+    if top is not None and top.category == "straggler":
+        return "progressing"
+    if facts.progressing:
+        return "progressing"
+    if facts.progressing is False:
+        return "hung"
+    if "failed" in statuses:
+        return "failed"
+    if "hung" in statuses:
+        return "hung"
+    return "unknown"

@@ -1,0 +1,423 @@
+"""Facts derived from evidence: where each rank is, who is missing, who is the odd one out, is it moving.
+
+Playbooks read these, never the raw artifacts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from hangdx.probes.model import CollectiveRecord, Evidence, Frame, ProcessState, Quote, StackDump, ThreadStack
+
+COLLECTIVES = {
+    "all_reduce": "allreduce",
+    "all_reduce_coalesced": "allreduce",
+    "all_gather": "allgather",
+    "all_gather_into_tensor": "allgather",
+    "_all_gather_base": "allgather",
+    "all_gather_object": "allgather",
+    "all_gather_coalesced": "allgather",
+    "reduce_scatter": "reducescatter",
+    "reduce_scatter_tensor": "reducescatter",
+    "_reduce_scatter_base": "reducescatter",
+    "broadcast": "broadcast",
+    "broadcast_object_list": "broadcast",
+    "barrier": "barrier",
+    "monitored_barrier": "barrier",
+    "all_to_all": "alltoall",
+    "all_to_all_single": "alltoall",
+    "gather": "gather",
+    "gather_object": "gather",
+    "scatter": "scatter",
+    "scatter_object_list": "scatter",
+    "reduce": "reduce",
+}
+P2P = {
+    "send": "send",
+    "recv": "recv",
+    "isend": "send",
+    "irecv": "recv",
+    "batch_isend_irecv": "batch_p2p",
+    "send_object_list": "send",
+    "recv_object_list": "recv",
+}
+INIT = {
+    "init_process_group",
+    "_new_process_group_helper",
+    "_store_based_barrier",
+    "new_group",
+    "_create_c10d_store",
+    "_env_rendezvous_handler",
+    "_tcp_rendezvous_handler",
+    "rendezvous",
+    "init_device_mesh",
+}
+# Frames of these files are library code: the user's call site is the first frame outside them.
+LIBRARY_PREFIXES = (
+    "torch/",
+    "threading.py",
+    "queue.py",
+    "multiprocessing/",
+    "concurrent/",
+    "selectors.py",
+    "socket.py",
+    "subprocess.py",
+    "<frozen",
+    "importlib/",
+    "asyncio/",
+    "logging/",
+    "contextlib.py",
+    "functools.py",
+    "tempfile.py",
+    "shutil.py",
+    "pickle.py",
+)
+LOCK_FRAMES = {
+    ("threading.py", "acquire"),
+    ("threading.py", "wait"),
+    ("threading.py", "join"),
+    ("threading.py", "_wait_for_tstate_lock"),
+    ("queue.py", "get"),
+    ("queue.py", "put"),
+    ("queue.py", "join"),
+}
+IO_SYSCALLS = {
+    "read", "write", "pread64", "pwrite64", "readv", "writev", "open", "openat", "fsync",
+    "fdatasync", "flock", "statx", "newfstatat", "copy_file_range", "sendfile", "splice", "io_getevents",
+}  # fmt: skip
+SLEEP_SYSCALLS = {"nanosleep", "clock_nanosleep"}
+
+
+def _norm(path: str) -> str:
+    """`/usr/lib/python3.11/site-packages/torch/x.py` -> `torch/x.py`; `/usr/lib/python3.11/queue.py` -> `queue.py`."""
+    p = path.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in p:
+            return p.split(marker, 1)[1]
+    if "/lib/python3" in p:
+        rest = p.split("/lib/python3", 1)[1]
+        return rest.split("/", 1)[1] if "/" in rest else rest
+    return p
+
+
+def is_library(frame: Frame) -> bool:
+    f = _norm(frame.file)
+    return frame.native or f.startswith(LIBRARY_PREFIXES)
+
+
+@dataclass
+class Location:
+    """Where a rank's main thread is, in the field's words."""
+
+    kind: str  # collective | p2p | init | dataloader | io | lock | sleep | compute | idle | exited | missing | unknown
+    op: str | None = None  # allreduce, recv, ...
+    call_site: str | None = None  # innermost user frame: "sync_gradients (train.py:42)"
+    detail: str = ""
+    quote: Quote | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None, str | None]:
+        return (self.kind, self.op, self.call_site)
+
+    def describe(self) -> str:
+        what = {
+            "collective": f"waiting in {self.op}",
+            "p2p": f"blocked in {self.op}",
+            "init": "waiting in process-group initialisation",
+            "dataloader": "waiting for its DataLoader",
+            "io": "blocked in file I/O",
+            "lock": "waiting on a lock or queue in its own code",
+            "sleep": "sleeping",
+            "compute": "running its own code",
+            "idle": "idle in its own code",
+            "exited": "gone (process exited)",
+            "missing": "missing (no process found)",
+        }.get(self.kind, "somewhere unknown")
+        if self.call_site:
+            what += f" at {self.call_site}"
+        if self.detail:
+            what += f" ({self.detail})"
+        return what
+
+
+@dataclass
+class RankView:
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    stacks: list[StackDump] = field(default_factory=list)  # this rank's main process, in time order
+    worker_stacks: list[StackDump] = field(default_factory=list)
+    states: list[ProcessState] = field(default_factory=list)
+    worker_states: list[ProcessState] = field(default_factory=list)
+    locations: list[Location] = field(default_factory=list)  # one per stack sample
+    collectives: list[CollectiveRecord] = field(default_factory=list)
+
+    @property
+    def location(self) -> Location:
+        if self.states and self.states[-1].state in ("exited", "Z", "X"):
+            return Location("exited", detail=f"pid {self.pid}")
+        return self.locations[-1] if self.locations else Location("unknown")
+
+    @property
+    def alive(self) -> bool | None:
+        if not self.states:
+            return True if self.stacks else None
+        return self.states[-1].state not in ("exited", "Z", "X")
+
+    def delta(self, attr: str) -> float | None:
+        vals = [getattr(s, attr) for s in self.states if getattr(s, attr) is not None]
+        return (vals[-1] - vals[0]) if len(vals) >= 2 else None
+
+    @property
+    def sampled_seconds(self) -> float | None:
+        ts = [s.sampled_at for s in self.states if s.sampled_at]
+        return (ts[-1] - ts[0]) if len(ts) >= 2 else None
+
+    @property
+    def moved(self) -> bool:
+        """Did the stack change between samples (left its collective, reached another line)?"""
+        return len({loc.key for loc in self.locations}) > 1
+
+    def fraction_in(self, kinds: set[str]) -> float:
+        if not self.locations:
+            return 0.0
+        return sum(1 for loc in self.locations if loc.kind in kinds) / len(self.locations)
+
+    @property
+    def last_state(self) -> ProcessState | None:
+        return self.states[-1] if self.states else None
+
+
+@dataclass
+class Facts:
+    ev: Evidence
+    job_id: str | None
+    world_size: int | None
+    ranks: dict[int, RankView]
+    missing: list[int]
+    exited: list[int]
+    crowd: Location | None
+    crowd_ranks: list[int]
+    odd_ranks: list[int]
+    progressing: bool | None
+    progress_reason: str = ""
+
+    @property
+    def have_stacks(self) -> bool:
+        return any(v.stacks for v in self.ranks.values())
+
+    def ranks_where(self, *kinds: str) -> list[int]:
+        return sorted(r for r, v in self.ranks.items() if v.location.kind in kinds)
+
+    def hosts_of(self, ranks: list[int]) -> list[str]:
+        return sorted({h for r in ranks if (h := self.ranks[r].host if r in self.ranks else None)})
+
+
+def _user_frame(frames: list[Frame]) -> Frame | None:
+    return next((f for f in frames if not is_library(f)), None)
+
+
+def _site(frame: Frame | None) -> str | None:
+    if frame is None:
+        return None
+    return f"{frame.function} ({_norm(frame.file)}:{frame.line})" if frame.line else frame.function
+
+
+def _frame_quote(dump: StackDump, thread: ThreadStack, frame: Frame | None) -> Quote | None:
+    """The dump line that shows where the thread is (the frame's own line, verbatim)."""
+    if frame is not None and frame.quote is not None:
+        return frame.quote
+    return thread.quote
+
+
+def classify(dump: StackDump, state: ProcessState | None) -> Location:
+    """Where a process's main thread is, from its stack and, when known, its blocking syscall."""
+    thread = dump.main_thread()
+    if thread is None:
+        return Location("unknown", detail="no threads in the dump")
+    frames = [f for f in thread.frames if not f.native]
+    user = _user_frame(frames)
+    site = _site(user)
+
+    def loc(kind: str, op: str | None = None, detail: str = "", frame: Frame | None = None) -> Location:
+        return Location(
+            kind,
+            op,
+            site,
+            detail,
+            _frame_quote(dump, thread, frame or user or (frames[0] if frames else None)),
+        )
+
+    for f in frames:
+        file = _norm(f.file)
+        if f.function in INIT and (
+            file.startswith("torch/distributed/") or f.function == "init_process_group"
+        ):
+            return loc("init", op=f.function, frame=f)
+    for f in frames:
+        file = _norm(f.file)
+        if file.startswith("torch/distributed/") and f.function in P2P:
+            return loc("p2p", op=P2P[f.function], frame=f)
+        if file.startswith("torch/distributed/") and f.function in COLLECTIVES:
+            return loc("collective", op=COLLECTIVES[f.function], frame=f)
+        if file.startswith("torch/nn/parallel/distributed.py"):
+            return loc("collective", op="ddp", detail=f"DistributedDataParallel.{f.function}", frame=f)
+    for f in frames:
+        if _norm(f.file).startswith("torch/utils/data/"):
+            return loc("dataloader", detail=f.function, frame=f)
+    syscall = state.syscall if state else None
+    target = state.syscall_target if state else None
+    is_socket = bool(target and (target.startswith("socket:") or "(socket)" in target))
+    is_anon_pipe = bool(target and target.startswith("pipe:"))
+    for f in frames:
+        if _norm(f.file).startswith(("torch/serialization.py", "shutil.py")):
+            return loc("io", detail=f"{f.function}", frame=f)
+    if state is not None and state.state == "D":
+        return loc(
+            "io", detail=f"uninterruptible sleep (D state){', wchan ' + state.wchan if state.wchan else ''}"
+        )
+    if syscall in IO_SYSCALLS and not is_socket and not is_anon_pipe:
+        return loc("io", detail=f"{syscall}({target})" if target else syscall)
+    for f in frames:
+        if (_norm(f.file), f.function) in LOCK_FRAMES:
+            return loc("lock", op=f.function, detail=f"{_norm(f.file)} {f.function}", frame=f)
+    if syscall in SLEEP_SYSCALLS:
+        return loc("sleep", detail=syscall)
+    if thread.state in ("active", "gil") or (state is not None and state.state == "R"):
+        return loc("compute")
+    if syscall == "futex" and user is not None:
+        return loc("lock", detail="futex wait in a C call (a lock, Event or condition)")
+    if is_anon_pipe or is_socket:
+        return loc("idle", detail=f"{syscall} on {target}")
+    return loc("idle", detail=syscall or "")
+
+
+def _states_by_pid(ev: Evidence) -> dict[int, list[ProcessState]]:
+    out: dict[int, list[ProcessState]] = {}
+    for s in ev.processes:
+        out.setdefault(s.pid, []).append(s)
+    for v in out.values():
+        v.sort(key=lambda s: s.sampled_at or 0)
+    return out
+
+
+def _nearest_state(states: list[ProcessState], t: float | None) -> ProcessState | None:
+    if not states:
+        return None
+    live = [s for s in states if s.state != "exited"] or states
+    if t is None:
+        return live[-1]
+    return min(live, key=lambda s: abs((s.sampled_at or 0) - t))
+
+
+def derive(ev: Evidence) -> Facts:
+    """All facts a playbook may ask about."""
+    states = _states_by_pid(ev)
+    ranks: dict[int, RankView] = {}
+
+    def view(rank: int) -> RankView:
+        if rank not in ranks:
+            ranks[rank] = RankView(rank)
+        return ranks[rank]
+
+    for pid, ss in states.items():
+        s = ss[-1]
+        if s.rank is None:
+            continue
+        v = view(s.rank)
+        if s.role == "worker":
+            v.worker_states.extend(ss)
+        else:
+            v.states = ss
+            v.pid, v.host = pid, s.host
+    for d in sorted(ev.stacks, key=lambda d: d.taken_at or 0):
+        rank = d.rank
+        if rank is None:
+            continue
+        v = view(rank)
+        if d.role == "worker":
+            v.worker_stacks.append(d)
+            continue
+        v.stacks.append(d)
+        v.pid = v.pid or d.pid
+        v.host = v.host or d.host
+        v.locations.append(classify(d, _nearest_state(states.get(d.pid or -1, []), d.taken_at)))
+    for c in ev.collectives:
+        if c.rank is not None:
+            view(c.rank).collectives.append(c)
+            if c.host and not view(c.rank).host:
+                view(c.rank).host = c.host
+
+    world = ev.world_size
+    if world is None:
+        sizes = [s.world_size for s in ev.processes if s.world_size]
+        world = max(sizes) if sizes else None
+    if world is None:
+        nranks = [
+            e.fields.get("nranks")
+            for e in ev.events_of("nccl_init")
+            if isinstance(e.fields.get("nranks"), int)
+        ]
+        world = max(nranks) if nranks else None
+    seen_alive = {r for r, v in ranks.items() if v.stacks or v.states}
+    missing = (
+        sorted(set(range(world)) - seen_alive) if world and ev.live and (ev.processes or ev.stacks) else []
+    )
+    exited = sorted(r for r, v in ranks.items() if v.states and v.alive is False)
+
+    located = {r: v.location for r, v in ranks.items() if v.locations and v.alive}
+    crowd, crowd_ranks, odd = _crowd(located)
+    progressing, reason = _progress(ranks, crowd_ranks)
+    return Facts(
+        ev=ev,
+        job_id=ev.job_id,
+        world_size=world,
+        ranks=ranks,
+        missing=missing,
+        exited=exited,
+        crowd=crowd,
+        crowd_ranks=crowd_ranks,
+        odd_ranks=odd,
+        progressing=progressing,
+        progress_reason=reason,
+    )
+
+
+_WAITING = ("collective", "p2p", "init")
+
+
+def _crowd(located: dict[int, Location]) -> tuple[Location | None, list[int], list[int]]:
+    """The place most ranks are (ties go to a collective), and the ranks that are elsewhere."""
+    if not located:
+        return None, [], []
+    counts = Counter(loc.key for loc in located.values())
+    best = max(counts.items(), key=lambda kv: (kv[1], kv[0][0] in _WAITING, kv[0][0] == "collective"))[0]
+    crowd_ranks = sorted(r for r, loc in located.items() if loc.key == best)
+    odd = sorted(r for r in located if r not in crowd_ranks)
+    return located[crowd_ranks[0]], crowd_ranks, odd
+
+
+def _progress(ranks: dict[int, RankView], crowd_ranks: list[int]) -> tuple[bool | None, str]:
+    """Is the job still advancing? Waiting ranks that leave their collective, or sequence numbers that rise."""
+    movers = [r for r, v in ranks.items() if v.alive and len(v.locations) >= 2 and v.moved]
+    waiting_movers = [r for r in movers if any(loc.kind in _WAITING for loc in ranks[r].locations)]
+    if len(waiting_movers) >= max(2, len(ranks) // 2):
+        return True, f"ranks {_fmt(waiting_movers)} left their collective between samples"
+    seqs = {}
+    for r, v in ranks.items():
+        done = [c.seq for c in v.collectives if c.seq is not None and c.state == "completed"]
+        if done:
+            seqs[r] = max(done)
+    sampled = [v for v in ranks.values() if len(v.locations) >= 2]
+    if not sampled:
+        return None, "one sample per rank: cannot tell a hang from a slow job"
+    cpu = [v.delta("cpu_seconds") for v in sampled if v.delta("cpu_seconds") is not None]
+    if movers and cpu and statistics.median(cpu) > 0.05 * max(v.sampled_seconds or 1 for v in sampled):
+        return True, f"ranks {_fmt(movers)} moved between samples and ranks use CPU"
+    return False, f"no rank left its place across {max(len(v.locations) for v in sampled)} samples"
+
+
+def _fmt(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))

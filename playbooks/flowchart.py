@@ -1,0 +1,661 @@
+"""The systematic debugging flowchart, one playbook per question.
+
+Are all ranks alive? Did they all get through initialisation? Are they all in the same collective?
+Who is elsewhere, and where (data loading, I/O, a lock, point-to-point, another collective)?
+Is the hardware or the network at fault? Is the job actually moving, only slowly?
+Each playbook's words live in templates/<name>.j2.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from hangdx.playbooks.engine import Match, playbook
+from hangdx.playbooks.facts import Facts, Location, RankView
+from hangdx.playbooks.verdict import Culprit
+from hangdx.probes.model import LogEvent, Quote
+
+WAITING = ("collective", "p2p", "init")
+
+
+def _loc_quote(v: RankView) -> list[Quote]:
+    q = v.location.quote
+    return [q] if q else []
+
+
+def _proc_quote(facts: Facts, v: RankView) -> Quote | None:
+    s = v.last_state
+    if s is None:
+        return None
+    src = f"{s.host or 'local'}/processes"
+    parts = [f"pid {s.pid}", f"RANK={s.rank}", f"WORLD_SIZE={s.world_size}", f"state {s.state}"]
+    if s.wchan:
+        parts.append(f"wchan {s.wchan}")
+    if s.syscall:
+        parts.append(f"syscall {s.syscall}" + (f"({s.syscall_target})" if s.syscall_target else ""))
+    return Quote(src, 0, " ".join(parts))
+
+
+def _crowd_quotes(facts: Facts, limit: int = 2) -> list[Quote]:
+    out: list[Quote] = []
+    for r in facts.crowd_ranks[:limit]:
+        out.extend(_loc_quote(facts.ranks[r]))
+    return out
+
+
+def _events_for(facts: Facts, ranks: list[int], *kinds: str) -> list[LogEvent]:
+    return [e for e in facts.ev.events_of(*kinds) if e.rank in ranks]
+
+
+def _hung(facts: Facts) -> bool:
+    return facts.progressing is not True
+
+
+def _crowd_ctx(facts: Facts) -> dict:
+    crowd = facts.crowd
+    return {
+        "crowd": crowd.describe() if crowd else "unknown",
+        "crowd_op": crowd.op if crowd and crowd.op else "the collective",
+        "crowd_ranks": facts.crowd_ranks,
+        "world_size": facts.world_size,
+        "progress": facts.progress_reason,
+    }
+
+
+@playbook("rank_gone", order=10)
+def rank_gone(facts: Facts) -> Iterator[Match]:
+    """Are all ranks alive? A rank WORLD_SIZE promises that no probe finds, or whose process exited."""
+    gone = sorted(set(facts.missing) | set(facts.exited))
+    crowd_in_init = facts.crowd is not None and facts.crowd.kind == "init"
+    logs = _crash_events(facts)
+    if crowd_in_init and not any(e.rank in gone for e in logs):
+        return  # never joined: comm_init_failure's question
+    if gone:
+        survivors = sorted(r for r, v in facts.ranks.items() if v.alive and r not in gone)
+        evidence: list[Quote] = []
+        for r in survivors[:3]:
+            q = _proc_quote(facts, facts.ranks[r])
+            if q:
+                evidence.append(q)
+        evidence += _crowd_quotes(facts)
+        cause_events = [e for e in logs if e.rank in gone]
+        evidence += [e.quote for e in cause_events]
+        yield Match(
+            "rank_crashed",
+            0.93 if cause_events else 0.88,
+            Culprit(ranks=gone, hosts=facts.hosts_of(gone) or _hosts_of_events(cause_events)),
+            evidence,
+            {
+                **_crowd_ctx(facts),
+                "ranks": gone,
+                "missing": facts.missing,
+                "exited": facts.exited,
+                "survivors": survivors,
+                "causes": [e.quote.text for e in cause_events][:3],
+                "oom": any(e.kind in ("oom_kill", "cuda_oom") for e in cause_events),
+            },
+            status="hung",
+        )
+        return
+    # Offline: torchrun or the kernel says a rank died.
+    failed = [e for e in logs if e.kind == "torchrun_failure" and e.rank is not None]
+    root = [e for e in failed if e.fields.get("root_cause")] or failed
+    if root:
+        ranks = sorted({e.rank for e in root if e.rank is not None})
+        yield Match(
+            "rank_crashed",
+            0.85,
+            Culprit(ranks=ranks, hosts=_hosts_of_events(root)),
+            [e.quote for e in root] + [e.quote for e in logs if e.rank in ranks and e not in root],
+            {
+                **_crowd_ctx(facts),
+                "ranks": ranks,
+                "missing": [],
+                "exited": ranks,
+                "survivors": [],
+                "causes": [e.quote.text for e in root][:3],
+                "oom": any(e.kind in ("oom_kill", "cuda_oom") for e in logs if e.rank in ranks),
+            },
+            status="failed",
+        )
+
+
+def _crash_events(facts: Facts) -> list[LogEvent]:
+    return facts.ev.events_of("torchrun_failure", "process_exit", "oom_kill", "cuda_oom", "segfault")
+
+
+def _hosts_of_events(events: list[LogEvent]) -> list[str]:
+    return sorted({e.host or e.fields.get("host") for e in events if e.host or e.fields.get("host")})
+
+
+@playbook("never_joined", order=20)
+def never_joined(facts: Facts) -> Iterator[Match]:
+    """Did every rank get through rendezvous and communicator set-up?"""
+    in_init = facts.ranks_where("init")
+    init_logs = facts.ev.events_of("nccl_conn_refused", "store_timeout", "rendezvous_timeout")
+    if not in_init and not init_logs:
+        return
+    if in_init and not _hung(facts):
+        return
+    others = sorted(r for r, v in facts.ranks.items() if v.alive and r not in in_init and v.locations)
+    late = sorted(set(facts.missing) | set(others))
+    evidence = [q for r in in_init[:2] for q in _loc_quote(facts.ranks[r])]
+    evidence += [q for r in others for q in _loc_quote(facts.ranks[r])]
+    evidence += [e.quote for e in init_logs[:4]]
+    where = {r: facts.ranks[r].location.describe() for r in others}
+    yield Match(
+        "comm_init_failure",
+        0.9 if in_init and late else 0.7,
+        Culprit(ranks=late, hosts=facts.hosts_of(late) or _hosts_of_events(init_logs)),
+        evidence,
+        {
+            **_crowd_ctx(facts),
+            "in_init": in_init,
+            "late": late,
+            "missing": facts.missing,
+            "where": where,
+            "log_lines": [e.quote.text for e in init_logs[:2]],
+        },
+        status="hung",
+    )
+
+
+@playbook("ddp_unused_parameters", order=30)
+def ddp_unused(facts: Facts) -> Iterator[Match]:
+    """Does DDP wait for gradients of parameters that a rank never used?"""
+    events = facts.ev.events_of("ddp_unused_parameters")
+    if not events:
+        return
+    by_rank: dict[int | None, LogEvent] = {}
+    for e in events:
+        by_rank.setdefault(e.rank, e)
+    ranks = sorted(r for r in by_rank if r is not None)
+    names = sorted({n for e in events for n in e.fields.get("param_names") or []})
+    indices = sorted({i for e in events for i in e.fields.get("param_indices") or []})
+    yield Match(
+        "ddp_unused_parameters",
+        0.92,
+        Culprit(ranks=ranks, hosts=facts.hosts_of(ranks) or _hosts_of_events(events)),
+        [e.quote for e in events]
+        + [q for r in ranks if r in facts.ranks for q in _loc_quote(facts.ranks[r])],
+        {**_crowd_ctx(facts), "ranks": ranks, "names": names, "indices": indices},
+        status="hung",
+    )
+
+
+@playbook("collective_mismatch", order=40)
+def collective_mismatch(facts: Facts) -> Iterator[Match]:
+    """Are the ranks in the same collective call, but disagreeing on its type, size, dtype or group?"""
+    events = facts.ev.events_of("collective_mismatch", "gloo_size_mismatch")
+    if events:
+        e = events[0]
+        per_rank = e.fields.get("per_rank") or {}
+        ranks = _minority(per_rank) or sorted({x.rank for x in events if x.rank is not None})
+        yield Match(
+            "collective_mismatch",
+            0.9,
+            Culprit(ranks=ranks, hosts=facts.hosts_of(ranks)),
+            [x.quote for x in events[:4]],
+            {**_crowd_ctx(facts), "ranks": ranks, "detail": e.quote.text[:300], "ops": {}},
+            status="failed" if not facts.ev.live else "hung",
+        )
+        return
+    crowd = facts.crowd
+    if crowd is None or crowd.kind != "collective" or not _hung(facts):
+        return
+    odd = [
+        r
+        for r in facts.odd_ranks
+        if facts.ranks[r].location.kind == "collective"
+        and facts.ranks[r].location.call_site == crowd.call_site
+        and facts.ranks[r].location.op != crowd.op
+    ]
+    if not odd:
+        return
+    ops = {r: facts.ranks[r].location.op for r in odd}
+    yield Match(
+        "collective_mismatch",
+        0.88,
+        Culprit(ranks=odd, hosts=facts.hosts_of(odd)),
+        [q for r in odd for q in _loc_quote(facts.ranks[r])] + _crowd_quotes(facts),
+        {**_crowd_ctx(facts), "ranks": odd, "detail": "", "ops": ops, "call_site": crowd.call_site},
+        status="hung",
+    )
+
+
+def _minority(per_rank: dict) -> list[int]:
+    """In a mismatch report, the ranks whose collective differs from most."""
+    if not isinstance(per_rank, dict) or len(per_rank) < 2:
+        return []
+    sig = {
+        int(r): str(sorted(v.items()) if isinstance(v, dict) else v)
+        for r, v in per_rank.items()
+        if str(r).isdigit()
+    }
+    counts: dict[str, int] = defaultdict(int)
+    for s in sig.values():
+        counts[s] += 1
+    if len(counts) < 2:
+        return []
+    common = max(counts, key=lambda s: counts[s])
+    if list(counts.values()).count(counts[common]) > 1:
+        return sorted(sig)  # a tie: every rank named is a suspect
+    return sorted(r for r, s in sig.items() if s != common)
+
+
+@playbook("p2p_deadlock", order=45)
+def p2p_deadlock(facts: Facts) -> Iterator[Match]:
+    """Are point-to-point sends and receives ordered so that peers wait on each other?"""
+    if not _hung(facts):
+        return
+    p2p = facts.ranks_where("p2p")
+    if not p2p:
+        return
+    ops = {r: facts.ranks[r].location.op for r in p2p}
+    both_recv = sum(1 for op in ops.values() if op == "recv") >= 2
+    yield Match(
+        "p2p_deadlock",
+        0.9 if len(p2p) >= 2 and both_recv else 0.75,
+        Culprit(ranks=p2p, hosts=facts.hosts_of(p2p)),
+        [q for r in p2p for q in _loc_quote(facts.ranks[r])],
+        {
+            **_crowd_ctx(facts),
+            "ranks": p2p,
+            "ops": ops,
+            "sites": {r: facts.ranks[r].location.call_site for r in p2p},
+        },
+        status="hung",
+    )
+
+
+_ELSEWHERE = {
+    "dataloader": ("dataloader_stall", "dataloader_stall", 0.9),
+    "io": ("io_stall", "io_stall", 0.9),
+    "lock": ("user_deadlock", "user_deadlock", 0.86),
+}
+
+
+@playbook("rank_elsewhere", order=50)
+def rank_elsewhere(facts: Facts) -> Iterator[Match]:
+    """Who is not in the collective the others wait in, and where is it?"""
+    crowd = facts.crowd
+    if crowd is None or crowd.kind not in ("collective",) or not _hung(facts):
+        return
+    by_kind: dict[str, list[int]] = defaultdict(list)
+    for r in facts.odd_ranks:
+        loc = facts.ranks[r].location
+        if loc.kind == "p2p" or loc.kind == "init":
+            continue  # their own playbooks
+        if loc.kind == "collective" and loc.call_site == crowd.call_site and loc.op != crowd.op:
+            continue  # collective_mismatch
+        by_kind[loc.kind].append(r)
+    for kind, ranks in by_kind.items():
+        category, template, conf = _ELSEWHERE.get(
+            kind, ("conditional_collective", "conditional_collective", 0.0)
+        )
+        if category == "conditional_collective":
+            conf = 0.87 if kind == "collective" else 0.78
+            if len(ranks) > len(facts.crowd_ranks):
+                conf -= 0.2  # more ranks elsewhere than in the crowd: less sure who diverged
+        yield _elsewhere_match(facts, template, category, conf, ranks)
+
+
+def _elsewhere_match(facts: Facts, template: str, category: str, conf: float, ranks: list[int]) -> Match:
+    evidence: list[Quote] = []
+    workers: dict[int, str] = {}
+    threads: dict[int, list[str]] = {}
+    for r in ranks:
+        v = facts.ranks[r]
+        evidence += _loc_quote(v)
+        q = _proc_quote(facts, v)
+        if q and (v.location.kind in ("io", "lock") or (v.last_state and v.last_state.syscall)):
+            evidence.append(q)
+        for w in v.worker_stacks[-1:]:
+            loc = _worker_site(w)
+            if loc:
+                workers[r] = loc.describe()
+                if loc.quote:
+                    evidence.append(loc.quote)
+        threads[r] = _other_threads(v)
+    evidence += _crowd_quotes(facts)
+    return Match(
+        category,
+        conf,
+        Culprit(ranks=ranks, hosts=facts.hosts_of(ranks)),
+        evidence,
+        {
+            **_crowd_ctx(facts),
+            "ranks": ranks,
+            "where": {r: facts.ranks[r].location.describe() for r in ranks},
+            "locs": {r: facts.ranks[r].location for r in ranks},
+            "workers": workers,
+            "threads": threads,
+            "seq": _seq_note(facts, ranks),
+        },
+        status="hung",
+        template=template,
+    )
+
+
+def _worker_site(dump) -> Location | None:
+    from hangdx.playbooks.facts import classify
+
+    return classify(dump, None)
+
+
+def _other_threads(v: RankView) -> list[str]:
+    """Non-main threads of a rank that sit in user code (the other side of a deadlock)."""
+    from hangdx.playbooks.facts import _site, _user_frame
+
+    if not v.stacks:
+        return []
+    out = []
+    for t in v.stacks[-1].threads:
+        if t.name == "MainThread":
+            continue
+        site = _site(_user_frame(t.frames))
+        if site:
+            out.append(f'thread "{t.name}" at {site}')
+    return out[:4]
+
+
+def _seq_note(facts: Facts, ranks: list[int]) -> str:
+    last = _last_seq(facts)
+    if not last or not any(r in last for r in ranks):
+        return ""
+    others = [s for r, s in last.items() if r not in ranks]
+    if not others:
+        return ""
+    mine = {r: last[r] for r in ranks if r in last}
+    return f"last collective sequence number {mine} vs {max(others)} on the others"
+
+
+def _last_seq(facts: Facts) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r, v in facts.ranks.items():
+        seqs = [c.seq for c in v.collectives if c.seq is not None and c.op not in ("send", "recv")]
+        if seqs:
+            out[r] = max(seqs)
+    return out
+
+
+@playbook("sequence_divergence", order=60)
+def sequence_divergence(facts: Facts) -> Iterator[Match]:
+    """From Flight Recorder, NCCL and watchdog records: which rank's collective sequence diverged?"""
+    if facts.have_stacks:
+        return  # live stacks say more; their sequence numbers join those findings as notes
+    per_rank: dict[int, dict[int, object]] = defaultdict(dict)
+    for r, v in facts.ranks.items():
+        for c in v.collectives:
+            if c.seq is not None and c.op not in ("send", "recv"):
+                per_rank[r][c.seq] = c
+    progress = {e.rank: e for e in facts.ev.events_of("work_progress") if e.rank is not None}
+    last = {r: max(seqs) for r, seqs in per_rank.items() if seqs}
+    for r, e in progress.items():
+        le = e.fields.get("last_enqueued")
+        if isinstance(le, int):
+            last[r] = max(last.get(r, le), le)
+    ws = facts.world_size or 0
+    if len(last) < 2 and not (ws and last):
+        return
+    top = max(last.values())
+    behind = sorted(r for r, s in last.items() if s < top)
+    silent = sorted(set(range(ws)) - set(last)) if ws and len(last) >= ws // 2 else []
+    # Same sequence number, different operation or size: a mismatch, not a skip.
+    at_top = {r: per_rank[r].get(top) for r in last if last[r] == top and top in per_rank.get(r, {})}
+    kinds = {(c.op, c.numel_in, c.dtype) for c in at_top.values() if c is not None}
+    if len(kinds) > 1 and not behind:
+        sig: dict[tuple, list[int]] = defaultdict(list)
+        for r, c in at_top.items():
+            sig[(c.op, c.numel_in, c.dtype)].append(r)
+        minority = min(sig.values(), key=len)
+        yield Match(
+            "collective_mismatch",
+            0.82,
+            Culprit(ranks=sorted(minority), hosts=facts.hosts_of(sorted(minority))),
+            [c.quote for c in at_top.values() if c is not None and c.quote][:6],
+            {**_crowd_ctx(facts), "ranks": sorted(minority), "detail": f"sequence number {top}", "ops": {}},
+            status="hung",
+            template="collective_mismatch",
+        )
+        return
+    culprits = behind or silent
+    if not culprits:
+        return
+    evidence = []
+    for r in culprits + [r for r in last if r not in culprits][:2]:
+        recs = per_rank.get(r, {})
+        if recs:
+            c = recs[max(recs)]
+            if getattr(c, "quote", None):
+                evidence.append(c.quote)
+        if r in progress:
+            evidence.append(progress[r].quote)
+    evidence += [e.quote for e in facts.ev.events_of("watchdog_timeout")[:3]]
+    yield Match(
+        "conditional_collective",
+        0.75 if behind else 0.6,
+        Culprit(ranks=culprits, hosts=facts.hosts_of(culprits)),
+        evidence,
+        {**_crowd_ctx(facts), "ranks": culprits, "last": last, "top": top, "silent": silent},
+        status="hung",
+    )
+
+
+@playbook("gpu_fault", order=70)
+def gpu_fault(facts: Facts) -> Iterator[Match]:
+    """Did a GPU report a hardware or driver fault (Xid, ECC, fallen off the bus)?"""
+    events = facts.ev.events_of("xid", "gpu_lost", "gpu_error", "nvidia_smi_failed")
+    if not events:
+        return
+    by_host: dict[str | None, list[LogEvent]] = defaultdict(list)
+    for e in events:
+        by_host[e.host].append(e)
+    for host, evs in by_host.items():
+        xids = sorted({int(e.fields["xid"]) for e in evs if isinstance(e.fields.get("xid"), int)})
+        gpus = sorted({str(e.fields.get("bus_id")) for e in evs if e.fields.get("bus_id")})
+        severe = any(x in (48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120) for x in xids) or any(
+            e.kind in ("gpu_lost", "nvidia_smi_failed") for e in evs
+        )
+        ranks = _ranks_on_gpus(facts, host, gpus)
+        meanings = []
+        for e in evs:
+            m = e.fields.get("meaning")
+            if m and m not in meanings:
+                meanings.append(m)
+        actions = []
+        for e in evs:
+            a = e.fields.get("action")
+            if a and a not in actions:
+                actions.append(a)
+        yield Match(
+            "gpu_fault",
+            0.95 if severe else 0.7,
+            Culprit(
+                ranks=ranks, hosts=[host] if host else [], gpus=[f"{host}:{g}" if host else g for g in gpus]
+            ),
+            [e.quote for e in evs],
+            {
+                "host": host,
+                "xids": xids,
+                "gpus": gpus,
+                "meanings": meanings,
+                "actions": actions,
+                "ranks": ranks,
+            },
+            status="hung",
+        )
+
+
+def _ranks_on_gpus(facts: Facts, host: str | None, bus_ids: list[str]) -> list[int]:
+    pids = {p for g in facts.ev.gpus if g.host == host and g.bus_id in bus_ids for p in g.pids}
+    return sorted(r for r, v in facts.ranks.items() if v.pid in pids and (host is None or v.host == host))
+
+
+_ERROR_COUNTERS = (
+    "SymbolErrorCounter",
+    "LinkErrorRecoveryCounter",
+    "LinkDownedCounter",
+    "PortRcvErrors",
+    "PortRcvRemotePhysicalErrors",
+    "LocalLinkIntegrityErrors",
+    "ExcessiveBufferOverrunErrors",
+    "PortXmitDiscards",
+)
+
+
+@playbook("network_fault", order=80)
+def network_fault(facts: Facts) -> Iterator[Match]:
+    """Is the fabric at fault: IB errors in NCCL, a port down, error counters rising, a link down?"""
+    ev = facts.ev
+    nccl = ev.events_of("nccl_ib_completion_error", "nccl_port_error")
+    links = ev.events_of("nic_link")
+    links = [e for e in links if str(e.fields.get("state", "")).lower() in ("down", "unplugged")]
+    down = [
+        p
+        for p in ev.ib_ports
+        if (p.state or "").lower() not in ("", "active")
+        or (p.phys_state or "").lower() in ("polling", "disabled", "down")
+    ]
+    rising = _rising_counters(facts)
+    if not (nccl or links or down or rising):
+        return
+    hosts = sorted(
+        {h for h in [e.host for e in nccl + links] + [p.host for p in down] + [r[0] for r in rising] if h}
+    )
+    ports = sorted({f"{p.host}:{p.ca}/{p.port}" if p.host else f"{p.ca}/{p.port}" for p in down})
+    ports += sorted({f"{h}:{ca}/{port}" if h else f"{ca}/{port}" for h, ca, port, _, _, _ in rising})
+    evidence = [e.quote for e in nccl[:4]] + [e.quote for e in links[:2]]
+    evidence += [p.quote for p in down if p.quote][:3]
+    for _, _, _, _, _, q in rising[:3]:
+        if q:
+            evidence.append(q)
+    conf = 0.9 if (nccl and (down or rising or links)) else 0.8
+    yield Match(
+        "network_fault",
+        conf,
+        Culprit(ranks=[], hosts=hosts, links=list(dict.fromkeys(ports))),
+        evidence,
+        {
+            "hosts": hosts,
+            "ports": list(dict.fromkeys(ports)),
+            "nccl_errors": len(nccl),
+            "down": [f"{p.ca}/{p.port} {p.state}/{p.phys_state}" for p in down],
+            "rising": [f"{ca}/{port} {name} {a} -> {b}" for _, ca, port, name, (a, b), _ in rising],
+        },
+        status="hung",
+    )
+
+
+def _rising_counters(facts: Facts) -> list[tuple]:
+    samples: dict[tuple, list] = defaultdict(list)
+    for p in facts.ev.ib_ports:
+        if p.counters:
+            samples[(p.host, p.ca, p.port)].append(p)
+    out = []
+    for (host, ca, port), ps in samples.items():
+        if len(ps) < 2:
+            continue
+        ps.sort(key=lambda p: p.sampled_at or 0)
+        first, last = ps[0], ps[-1]
+        for name in _ERROR_COUNTERS:
+            a, b = first.counters.get(name), last.counters.get(name)
+            if a is not None and b is not None and b > a:
+                out.append((host, ca, port, name, (a, b), last.quote))
+    return out
+
+
+@playbook("straggler", order=90)
+def straggler(facts: Facts) -> Iterator[Match]:
+    """Is the job still moving, only held back by one slow rank?"""
+    if not facts.progressing:
+        return
+    sampled = {r: v for r, v in facts.ranks.items() if len(v.locations) >= 2 and v.alive}
+    if len(sampled) < 2:
+        return
+    waiting = {r: v.fraction_in(set(WAITING)) for r, v in sampled.items()}
+    slowest = min(waiting.values())
+    others = sorted(f for r, f in waiting.items() if f != slowest)
+    culprits = sorted(r for r, f in waiting.items() if f == slowest)
+    if not others or len(culprits) > max(1, len(sampled) // 4) or (others[len(others) // 2] - slowest) < 0.3:
+        return
+    cpu = {r: v.delta("cpu_seconds") for r, v in sampled.items()}
+    evidence = [q for r in culprits for v in [sampled[r]] for loc in v.locations[-2:] if (q := loc.quote)]
+    evidence += _crowd_quotes(facts)
+    yield Match(
+        "straggler",
+        0.8,
+        Culprit(ranks=culprits, hosts=facts.hosts_of(culprits)),
+        evidence,
+        {
+            **_crowd_ctx(facts),
+            "ranks": culprits,
+            "waiting": {r: round(f * 100) for r, f in waiting.items()},
+            "cpu": cpu,
+            "where": {r: sampled[r].location.describe() for r in culprits},
+        },
+        status="progressing",
+    )
+
+
+@playbook("rank_exception", order=95)
+def rank_exception(facts: Facts) -> Iterator[Match]:
+    """Offline: did a rank raise while the others waited (a timeout names the victims, the traceback the culprit)?"""
+    if facts.have_stacks:
+        return
+    excs = [e for e in facts.ev.events_of("exception") if e.rank is not None]
+    timeouts = facts.ev.events_of("watchdog_timeout", "gloo_timeout", "connection_closed")
+    victims = {e.rank for e in timeouts if e.rank is not None}
+    first = [e for e in excs if e.rank not in victims and not _is_comm_error(e)]
+    if not first:
+        return
+    ranks = sorted({e.rank for e in first if e.rank is not None})
+    yield Match(
+        "rank_crashed",
+        0.7,
+        Culprit(ranks=ranks, hosts=_hosts_of_events(first)),
+        [e.quote for e in first[:4]] + [e.quote for e in timeouts[:2]],
+        {
+            **_crowd_ctx(facts),
+            "ranks": ranks,
+            "missing": [],
+            "exited": ranks,
+            "survivors": sorted(victims),
+            "causes": [e.quote.text for e in first][:3],
+            "oom": any("OutOfMemory" in str(e.fields.get("exc_type", "")) for e in first),
+        },
+        status="failed",
+        template="rank_gone",
+    )
+
+
+def _is_comm_error(e: LogEvent) -> bool:
+    text = e.quote.text.lower()
+    return any(w in text for w in ("timed out", "timeout", "connection", "watchdog", "nccl", "gloo", "peer"))
+
+
+@playbook("what_next", order=100)
+def what_next(facts: Facts) -> Iterator[Match]:
+    """When nothing fits: say what was seen and what to collect next."""
+    if facts.progressing and facts.have_stacks:
+        status = "progressing"
+    elif facts.progressing is False:
+        status = "hung"
+    else:
+        status = None
+    yield Match(
+        "unknown",
+        0.1,
+        Culprit(),
+        [q for r in facts.odd_ranks[:2] for q in _loc_quote(facts.ranks[r])] + _crowd_quotes(facts, 1),
+        {
+            **_crowd_ctx(facts),
+            "have_stacks": facts.have_stacks,
+            "ranks_seen": sorted(facts.ranks),
+            "gaps": [f"{g.source}: {g.message}" for g in facts.ev.gaps][:5],
+            "odd": {r: facts.ranks[r].location.describe() for r in facts.odd_ranks},
+            "live": facts.ev.live,
+        },
+        status=status,
+    )

@@ -1,0 +1,101 @@
+"""Findings and the verdict, shaped as CONTRACTS.md says (`--json`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hangdx.probes.model import Quote
+
+CATEGORIES = (
+    "conditional_collective",
+    "collective_mismatch",
+    "rank_crashed",
+    "dataloader_stall",
+    "io_stall",
+    "user_deadlock",
+    "p2p_deadlock",
+    "ddp_unused_parameters",
+    "gpu_fault",
+    "network_fault",
+    "comm_init_failure",
+    "straggler",
+    "unknown",
+)
+STATUSES = ("hung", "progressing", "failed", "unknown")
+
+
+@dataclass
+class Culprit:
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": sorted(set(self.ranks)),
+            "hosts": sorted(set(self.hosts)),
+            "gpus": list(dict.fromkeys(self.gpus)),
+            "links": list(dict.fromkeys(self.links)),
+        }
+
+
+@dataclass
+class Finding:
+    playbook: str
+    category: str
+    confidence: float
+    summary: str
+    culprit: Culprit
+    evidence: list[Quote]
+    fix: str
+    next_steps: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"unknown category {self.category!r}")
+        self.confidence = round(max(0.0, min(1.0, self.confidence)), 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "playbook": self.playbook,
+            "category": self.category,
+            "confidence": self.confidence,
+            "summary": self.summary,
+            "culprit": self.culprit.to_dict(),
+            "evidence": [q.to_dict() for q in self.evidence],
+            "fix": self.fix,
+            "next_steps": list(self.next_steps),
+        }
+
+
+@dataclass
+class Verdict:
+    job_id: str | None
+    status: str
+    findings: list[Finding]
+    gaps: list[str] = field(default_factory=list)
+    elapsed_seconds: float | None = None
+
+    @property
+    def root_cause(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def to_dict(self) -> dict[str, Any]:
+        rc = self.root_cause
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "root_cause": {
+                "category": rc.category,
+                "summary": rc.summary,
+                "confidence": rc.confidence,
+                "culprit": rc.culprit.to_dict(),
+                "fix": rc.fix,
+            }
+            if rc
+            else None,
+            "findings": [f.to_dict() for f in self.findings],
+            "gaps": list(self.gaps),
+        }

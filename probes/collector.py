@@ -1,0 +1,709 @@
+"""hangdx node-side collector: finds one job's processes on this host and brings back raw artifacts.
+
+Self-contained and standard-library-only (Python >= 3.8) on purpose: it runs in-process for
+`--local`, and is sent as-is over SSH to `python3 -` on nodes where nothing but py-spy is installed.
+It only reads; it never changes the job. Secrets are redacted before anything leaves the host.
+
+Output: one JSON document
+    {"hangdx_collector": 1, "host": ..., "job_id": ..., "started": t, "finished": t,
+     "artifacts": [{"name": ..., "kind": ..., "rank": r, "pid": p, "data": text}],
+     "errors": [{"source": ..., "message": ...}], "other_jobs": [...]}
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+COLLECTOR_VERSION = 1
+JOB_ENV_KEYS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "HANGDX_JOB_ID")
+TAIL_BYTES = 256 * 1024
+PYSPY_TIMEOUT = 15.0
+CMD_TIMEOUT = 10.0
+
+# Blocking syscalls worth naming; the first argument of those in _FD_SYSCALLS is a file descriptor.
+_SYSCALLS = {
+    "x86_64": {
+        0: "read",
+        1: "write",
+        2: "open",
+        7: "poll",
+        17: "pread64",
+        18: "pwrite64",
+        19: "readv",
+        20: "writev",
+        23: "select",
+        35: "nanosleep",
+        40: "sendfile",
+        42: "connect",
+        43: "accept",
+        44: "sendto",
+        45: "recvfrom",
+        47: "recvmsg",
+        61: "wait4",
+        72: "fcntl",
+        73: "flock",
+        74: "fsync",
+        75: "fdatasync",
+        202: "futex",
+        208: "io_getevents",
+        230: "clock_nanosleep",
+        232: "epoll_wait",
+        257: "openat",
+        262: "newfstatat",
+        270: "pselect6",
+        271: "ppoll",
+        275: "splice",
+        281: "epoll_pwait",
+        288: "accept4",
+        326: "copy_file_range",
+        332: "statx",
+    },
+    "aarch64": {
+        4: "io_getevents",
+        22: "epoll_pwait",
+        25: "fcntl",
+        32: "flock",
+        56: "openat",
+        63: "read",
+        64: "write",
+        65: "readv",
+        66: "writev",
+        67: "pread64",
+        68: "pwrite64",
+        72: "pselect6",
+        73: "ppoll",
+        79: "newfstatat",
+        82: "fsync",
+        83: "fdatasync",
+        98: "futex",
+        101: "nanosleep",
+        115: "clock_nanosleep",
+        202: "accept",
+        203: "connect",
+        206: "sendto",
+        207: "recvfrom",
+        212: "recvmsg",
+        242: "accept4",
+        260: "wait4",
+        291: "statx",
+    },
+}
+_FD_SYSCALLS = {
+    "read",
+    "write",
+    "pread64",
+    "pwrite64",
+    "readv",
+    "writev",
+    "fsync",
+    "fdatasync",
+    "flock",
+    "fcntl",
+    "recvfrom",
+    "recvmsg",
+    "sendto",
+    "accept",
+    "accept4",
+    "connect",
+    "sendfile",
+    "splice",
+}
+_PATH_SYSCALLS = {"open": 0, "openat": 1, "newfstatat": 1, "statx": 1}
+
+_SECRET_PATTERNS = [
+    (
+        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
+        "[REDACTED KEY]",
+    ),
+    (re.compile(r"\b(xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,})"), "[REDACTED]"),
+    (re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"), "[REDACTED]"),
+    (re.compile(r"\b(hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16})"), "[REDACTED]"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{12,}"), r"\1 [REDACTED]"),
+    (
+        re.compile(
+            r"(?i)([A-Za-z0-9_.-]*(?:token|secret|passw(?:or)?d|passwd|api[_-]?key|access[_-]?key|credential)"
+            r"[A-Za-z0-9_.-]*[\"']?\s*[=:]\s*)([\"']?)[^\s\"',;]+"
+        ),
+        r"\1\2[REDACTED]",
+    ),
+    (re.compile(r"(?i)(://[^:/\s@]+:)[^@\s/]+@"), r"\1[REDACTED]@"),
+]
+
+
+def redact(text: str) -> str:
+    """Blank out tokens, keys and passwords."""
+    for pattern, repl in _SECRET_PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _read(path: str, limit: int = 1 << 20) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def _read_text(path: str) -> str | None:
+    raw = _read(path)
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def tail_file(path: str, limit: int = TAIL_BYTES) -> bytes | None:
+    """The last `limit` bytes of a file: reading a 50 GB log costs no more than reading its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read(limit)
+    except OSError:
+        return None
+    if size > limit:
+        nl = data.find(b"\n")
+        data = data[nl + 1 :] if nl >= 0 else data
+    return data
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    """A process's environment; None when it is gone or a kernel thread; raises PermissionError."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            raw = f.read(4 << 20)
+    except PermissionError:
+        raise
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _jobs_of(env: dict[str, str]) -> list[str]:
+    """The job ids a process carries; torchrun's default run id "none" names no job."""
+    return [env[k] for k in JOB_ENV_KEYS if env.get(k) and env[k] != "none"]
+
+
+def _stat(pid: int) -> dict | None:
+    raw = _read_text("/proc/%d/stat" % pid)
+    if not raw:
+        return None
+    # comm may hold spaces and parentheses: split after the last ')'.
+    rest = raw[raw.rfind(")") + 2 :].split()
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        return {
+            "state": rest[0],
+            "ppid": int(rest[1]),
+            "cpu_seconds": (int(rest[11]) + int(rest[12])) / float(tick),
+            "threads": int(rest[17]),
+        }
+    except (IndexError, ValueError):
+        return None
+
+
+def find_job_processes(job_id: str) -> tuple[list[dict], list[str], int]:
+    """The job's processes (ranks and their children), other jobs seen, and /proc entries not readable."""
+    procs, others, unreadable = [], set(), 0
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            env = _environ(pid)
+        except PermissionError:
+            unreadable += 1
+            continue
+        if env is None:
+            continue
+        jobs = _jobs_of(env)
+        if job_id not in jobs:
+            others.update(jobs)
+            continue
+        if "RANK" not in env:
+            continue  # the launcher (torchrun's agent, srun): not a rank
+        st = _stat(pid) or {}
+        procs.append(
+            {
+                "pid": pid,
+                "ppid": st.get("ppid"),
+                "rank": _int(env.get("RANK")),
+                "local_rank": _int(env.get("LOCAL_RANK")),
+                "world_size": _int(env.get("WORLD_SIZE")),
+                "env": {k: env[k] for k in _KEPT_ENV if k in env},
+                "command": _cmdline(pid),
+            }
+        )
+    by_pid = {p["pid"]: p for p in procs}
+    for p in procs:
+        parent = by_pid.get(p.get("ppid"))
+        # A DataLoader worker (or any child) inherits its rank's environment.
+        p["role"] = "worker" if parent is not None and parent["rank"] == p["rank"] else "rank"
+    procs.sort(key=lambda p: (p["rank"] if p["rank"] is not None else 1 << 30, p["role"] != "rank", p["pid"]))
+    return procs, sorted(others), unreadable
+
+
+_KEPT_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NCCL_DEBUG",
+    "NCCL_DEBUG_FILE",
+    "NCCL_DEBUG_SUBSYS",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "GLOO_SOCKET_IFNAME",
+    "TORCH_FR_DUMP_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+    "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_DISTRIBUTED_DEBUG",
+    "CUDA_VISIBLE_DEVICES",
+    "SLURM_JOB_ID",
+    "SLURM_PROCID",
+    "TORCHELASTIC_RUN_ID",
+    "HANGDX_JOB_ID",
+)
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    raw = _read("/proc/%d/cmdline" % pid, 4096) or b""
+    return redact(raw.replace(b"\0", b" ").decode("utf-8", "replace").strip())
+
+
+def _describe_fd(pid: int, fd: int) -> str | None:
+    path = "/proc/%d/fd/%d" % (pid, fd)
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+        kind = (
+            "fifo"
+            if stat.S_ISFIFO(mode)
+            else "socket"
+            if stat.S_ISSOCK(mode)
+            else "file"
+            if stat.S_ISREG(mode)
+            else None
+        )
+    except OSError:
+        kind = None
+    return f"{target} ({kind})" if kind and not target.startswith(kind) else target
+
+
+def _read_string(pid: int, address: int) -> str | None:
+    """A NUL-terminated string from the process's memory (the path an open() is blocked on)."""
+    try:
+        with open("/proc/%d/mem" % pid, "rb") as mem:
+            mem.seek(address)
+            raw = mem.read(4096)
+    except (OSError, ValueError, OverflowError):
+        return None
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+
+
+def _syscall(pid: int) -> tuple[str | None, str | None]:
+    raw = _read_text("/proc/%d/syscall" % pid)
+    if not raw:
+        return None, None
+    parts = raw.split()
+    if parts[0] == "running":
+        return "running", None
+    try:
+        number = int(parts[0])
+        args = [int(a, 16) for a in parts[1:7]]
+    except (ValueError, IndexError):
+        return None, None
+    if number < 0:
+        return None, None
+    name = _SYSCALLS.get(platform.machine(), {}).get(number, "syscall %d" % number)
+    target = None
+    if name in _FD_SYSCALLS and args:
+        target = _describe_fd(pid, args[0])
+    elif name in _PATH_SYSCALLS and len(args) > _PATH_SYSCALLS[name]:
+        target = _read_string(pid, args[_PATH_SYSCALLS[name]])
+        if target:
+            try:
+                if stat.S_ISFIFO(os.stat(target).st_mode):
+                    target += " (fifo)"
+            except OSError:
+                pass
+    return name, target
+
+
+def _io_bytes(pid: int) -> int | None:
+    raw = _read_text("/proc/%d/io" % pid)
+    if not raw:
+        return None
+    fields = dict(line.split(": ", 1) for line in raw.splitlines() if ": " in line)
+    try:
+        return int(fields["rchar"]) + int(fields["wchar"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _switches(pid: int) -> int | None:
+    total, seen = 0, False
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for tid in tids:
+        raw = _read_text("/proc/%d/task/%s/status" % (pid, tid)) or ""
+        m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", raw, re.M)
+        if m:
+            total += int(m.group(1))
+            seen = True
+    return total if seen else None
+
+
+def sample_process(proc: dict, host: str) -> dict:
+    """One /proc sample of one process."""
+    pid = proc["pid"]
+    now = time.time()
+    st = _stat(pid)
+    if st is None:
+        return {
+            "host": host,
+            "pid": pid,
+            "rank": proc["rank"],
+            "state": "exited",
+            "sampled_at": now,
+            "role": proc["role"],
+            "parent_pid": proc.get("ppid"),
+        }
+    syscall, target = _syscall(pid)
+    wchan = (_read_text("/proc/%d/wchan" % pid) or "").strip() or None
+    return {
+        "host": host,
+        "pid": pid,
+        "rank": proc["rank"],
+        "local_rank": proc["local_rank"],
+        "world_size": proc["world_size"],
+        "state": st["state"],
+        "wchan": None if wchan == "0" else wchan,
+        "syscall": syscall,
+        "syscall_target": redact(target) if target else None,
+        "cpu_seconds": st["cpu_seconds"],
+        "io_bytes": _io_bytes(pid),
+        "voluntary_switches": _switches(pid),
+        "threads": st["threads"],
+        "sampled_at": now,
+        "command": proc["command"],
+        "role": proc["role"],
+        "parent_pid": proc.get("ppid"),
+    }
+
+
+def find_pyspy() -> str | None:
+    """py-spy on PATH, else beside this Python (a virtualenv's bin)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    candidate = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return candidate if os.access(candidate, os.X_OK) else None
+
+
+def pyspy_dump(pyspy: str, pid: int, native: bool = False) -> tuple[str, str | None]:
+    """py-spy's dump of one process: (stdout, error line or None)."""
+    cmd = [pyspy, "dump", "--pid", str(pid)]
+    if native:
+        cmd.append("--native")
+    try:
+        out = subprocess.run(cmd, capture_output=True, timeout=PYSPY_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "", "py-spy dump --pid %d did not answer within %ds" % (pid, PYSPY_TIMEOUT)
+    except OSError as e:
+        return "", f"py-spy could not run: {e}"
+    text = out.stdout.decode("utf-8", "replace")
+    if out.returncode != 0 or not text.strip():
+        err = out.stderr.decode("utf-8", "replace").strip().splitlines()
+        first = next((line for line in err if line.strip()), "exit status %d" % out.returncode)
+        return text, first
+    return text, None
+
+
+def _ptrace_hint() -> str:
+    scope = (_read_text("/proc/sys/kernel/yama/ptrace_scope") or "").strip()
+    hint = "run hangdx as root or as the job's user"
+    if scope and scope != "0":
+        hint += f"; kernel.yama.ptrace_scope is {scope} (set it to 0, or grant py-spy CAP_SYS_PTRACE)"
+    return hint
+
+
+def _run(cmd: list[str], timeout: float = CMD_TIMEOUT) -> tuple[str | None, str | None]:
+    """(stdout, error) of a fixed command; error says what is missing or failed."""
+    if shutil.which(cmd[0]) is None:
+        return None, f"{cmd[0]} not found on this host"
+    try:
+        out = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, "%s did not answer within %ds" % (" ".join(cmd), timeout)
+    except OSError as e:
+        return None, f"{cmd[0]} could not run: {e}"
+    text = out.stdout.decode("utf-8", "replace")
+    if out.returncode != 0 and not text.strip():
+        err = out.stderr.decode("utf-8", "replace").strip().splitlines()
+        return None, "{} failed: {}".format(
+            " ".join(cmd), err[0] if err else "exit status %d" % out.returncode
+        )
+    return text, None
+
+
+def _expand_nccl_path(pattern: str, host: str, pid: int) -> str:
+    # NCCL_DEBUG_FILE understands %h (hostname) and %p (pid).
+    return pattern.replace("%h", host).replace("%p", str(pid))
+
+
+def collect(
+    job_id: str,
+    samples: int = 3,
+    interval: float = 0.7,
+    host: str | None = None,
+    hardware: bool = True,
+    native: bool = False,
+) -> dict:
+    """Collect every artifact of job `job_id` on this host."""
+    host = host or socket.gethostname()
+    started = time.time()
+    artifacts: list[dict] = []
+    errors: list[dict] = []
+
+    def add(name: str, kind: str, data: str, rank=None, pid=None) -> None:
+        artifacts.append({"name": name, "kind": kind, "rank": rank, "pid": pid, "data": redact(data)})
+
+    procs, others, unreadable = find_job_processes(job_id)
+    if unreadable and not procs and os.geteuid() != 0:
+        errors.append(
+            {
+                "source": "processes",
+                "message": "%d processes could not be read (other users'?): %s"
+                % (unreadable, _ptrace_hint()),
+            }
+        )
+    pyspy = find_pyspy() if procs else None
+    if procs and pyspy is None:
+        errors.append(
+            {
+                "source": "py-spy",
+                "message": f"py-spy not found on {host}: no stacks (fix: pip install py-spy)",
+            }
+        )
+
+    stacks: dict[int, list[str]] = {p["pid"]: [] for p in procs}
+    states: list[dict] = []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(procs))))
+    failed_pyspy: set[int] = set()
+    try:
+        for i in range(samples if procs else 0):
+            if i:
+                time.sleep(interval)
+            states.extend(sample_process(p, host) for p in procs)
+            if pyspy is None:
+                continue
+            t = time.time()
+            futures = {
+                pool.submit(pyspy_dump, pyspy, p["pid"], native): p
+                for p in procs
+                if p["pid"] not in failed_pyspy
+            }
+            for fut, p in futures.items():
+                text, err = fut.result()
+                if err:
+                    failed_pyspy.add(p["pid"])
+                    if not os.path.exists("/proc/%d" % p["pid"]):
+                        err = "rank %s (pid %d) exited while being probed" % (p["rank"], p["pid"])
+                    elif "ermission" in err:
+                        err = "py-spy may not read pid %d: %s (%s)" % (p["pid"], err, _ptrace_hint())
+                    errors.append({"source": "py-spy pid %d" % p["pid"], "message": err})
+                    continue
+                marker = "# hangdx stack-sample time=%.3f host=%s rank=%s pid=%d role=%s" % (
+                    t,
+                    host,
+                    p["rank"],
+                    p["pid"],
+                    p["role"],
+                )
+                stacks[p["pid"]].append(marker + "\n" + text)
+        if procs:
+            states.extend(sample_process(p, host) for p in procs)
+    finally:
+        pool.shutdown(wait=True)
+
+    for p in procs:
+        if stacks[p["pid"]]:
+            name = "stacks-rank%s-%s%d.txt" % (
+                p["rank"],
+                "worker" if p["role"] == "worker" else "pid",
+                p["pid"],
+            )
+            add(name, "pyspy", "\n".join(stacks[p["pid"]]), p["rank"], p["pid"])
+    if procs:
+        doc = {
+            "hangdx": "procstate",
+            "host": host,
+            "job_id": job_id,
+            "samples": states,
+            "world_size": next((p["world_size"] for p in procs if p["world_size"]), None),
+        }
+        add("processes.json", "procstate", json.dumps(doc, indent=1))
+
+    _collect_rank_files(procs, host, add, errors)
+    if hardware:
+        _collect_host(host, add, errors)
+    return {
+        "hangdx_collector": COLLECTOR_VERSION,
+        "host": host,
+        "job_id": job_id,
+        "started": started,
+        "finished": time.time(),
+        "artifacts": artifacts,
+        "errors": errors,
+        "other_jobs": others,
+    }
+
+
+def _collect_rank_files(procs: list[dict], host: str, add, errors: list[dict]) -> None:
+    seen: set[str] = set()
+    for p in procs:
+        if p["role"] != "rank":
+            continue
+        pid, rank, env = p["pid"], p["rank"], p["env"]
+        # The rank's own stdout/stderr when they go to files: tracebacks and watchdog lines land there.
+        for fd in (1, 2):
+            try:
+                target = os.readlink("/proc/%d/fd/%d" % (pid, fd))
+            except OSError:
+                continue
+            if target in seen or not target.startswith("/") or not os.path.isfile(target):
+                continue
+            seen.add(target)
+            data = tail_file(target)
+            if data:
+                add(
+                    "rank{}-{}.log".format(rank, "stdout" if fd == 1 else "stderr"),
+                    "log",
+                    data.decode("utf-8", "replace"),
+                    rank,
+                    pid,
+                )
+        pattern = env.get("NCCL_DEBUG_FILE")
+        if pattern:
+            path = _expand_nccl_path(pattern, host, pid)
+            data = tail_file(path)
+            if data is None:
+                errors.append(
+                    {"source": "nccl log", "message": f"rank {rank}: NCCL_DEBUG_FILE {path} not readable"}
+                )
+            elif path not in seen:
+                seen.add(path)
+                add(f"nccl-rank{rank}.log", "nccl_log", data.decode("utf-8", "replace"), rank, pid)
+        for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+            prefix = env.get(key)
+            if not prefix:
+                continue
+            path = f"{prefix}{rank}"
+            if path in seen or not os.path.isfile(path):
+                continue
+            seen.add(path)
+            raw = _read(path, 64 << 20)
+            if raw:
+                # Flight Recorder dumps are pickles: carried as latin-1 text, decoded back by the reader.
+                add(f"fr-rank{rank}.bin", "flight_recorder", raw.decode("latin-1"), rank, pid)
+
+
+def _collect_host(host: str, add, errors: list[dict]) -> None:
+    probes = [
+        (
+            "nvidia-smi.csv",
+            "nvidia_smi",
+            [
+                "nvidia-smi",
+                "--query-gpu=index,uuid,pci.bus_id,name,utilization.gpu,memory.used,memory.total,power.draw",
+                "--format=csv",
+            ],
+        ),
+        (
+            "nvidia-smi-apps.csv",
+            "nvidia_smi",
+            [
+                "nvidia-smi",
+                "--query-compute-apps=pid,process_name,gpu_uuid,gpu_bus_id,used_memory",
+                "--format=csv",
+            ],
+        ),
+        ("ibstat.txt", "ibstat", ["ibstat"]),
+        ("ip-link.txt", "ip_link", ["ip", "link"]),
+    ]
+    quiet_missing = {"nvidia-smi", "ibstat"}  # a CPU-only or Ethernet-only host simply has none
+    for name, kind, cmd in probes:
+        out, err = _run(cmd)
+        if out:
+            add(name, kind, out)
+        elif err and not (cmd[0] in quiet_missing and "not found" in err):
+            errors.append({"source": cmd[0], "message": err})
+    out, err = _run(["dmesg", "--ctime"])
+    if not out:
+        out, err2 = _run(["journalctl", "-k", "-n", "5000", "--no-pager"])
+        if not out:
+            errors.append({"source": "kernel log", "message": f"no kernel log: {err}; {err2}"})
+    if out:
+        add("kernel.log", "kernel_log", "\n".join(out.splitlines()[-5000:]))
+    if shutil.which("perfquery"):
+        blocks = []
+        for i in range(2):
+            if i:
+                time.sleep(2.0)
+            out, err = _run(["perfquery", "-x"])
+            if out:
+                blocks.append(f"# hangdx sample {time.time():.3f}\n{out}")
+            elif err:
+                errors.append({"source": "perfquery", "message": err})
+        if blocks:
+            add("perfquery.txt", "perfquery", "\n".join(blocks))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="hangdx node-side collector")
+    ap.add_argument("job_id")
+    ap.add_argument("--samples", type=int, default=3)
+    ap.add_argument("--interval", type=float, default=0.7)
+    ap.add_argument("--no-hardware", action="store_true")
+    args = ap.parse_args(argv)
+    doc = collect(args.job_id, args.samples, args.interval, hardware=not args.no_hardware)
+    json.dump(doc, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

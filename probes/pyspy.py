@@ -1,0 +1,197 @@
+"""py-spy dumps: `py-spy dump` text (also --native and --locals) and `py-spy dump --json`.
+
+Text, as py-spy 0.3/0.4 prints it:
+
+    Process 7685: /usr/bin/python3.11 -u train.py
+    Python v3.11.7 (/usr/bin/python3.11)
+
+    Thread 7685 (idle): "MainThread"
+        all_reduce (torch/distributed/distributed_c10d.py:3252)
+            Arguments:
+                tensor: <Tensor at 0x7f6305fb7020>
+        <module> (train.py:7)
+
+Older releases print the thread id in hex (`Thread 0x7F3C9FEAA740 (active+gil): "MainThread"`);
+--native adds frames without a line (`pthread_cond_wait (libc.so.6)`, `0x7f63250a3f16 (libc.so.6)`).
+
+hangdx's collector writes several dumps to one file, each after a marker line
+`# hangdx stack-sample time=<unix> host=<h> rank=<r> pid=<p> role=<rank|worker>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from hangdx.probes.model import Evidence, Frame, Quote, Source, StackDump, ThreadStack
+from hangdx.probes.text import decode
+
+KIND = "pyspy"
+
+_PROCESS = re.compile(r"^Process (\d+): (.*)$")
+_PYTHON = re.compile(r"^Python v(\S+)")
+_THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \(([a-z+]+)\)(?:: \"(.*)\")?\s*$")
+_FRAME = re.compile(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
+_LOCAL = re.compile(r"^ {12}([^:]+): (.*)$")
+_MARKER = re.compile(r"^# hangdx stack-sample (.*)$")
+_KV = re.compile(r"(\w+)=(\S+)")
+
+_STATES = {"idle": "idle", "active": "active", "active+gil": "gil", "gil": "gil", "idle+gil": "gil"}
+
+
+def sniff(head: bytes) -> int:
+    text = head[:16384].decode("utf-8", errors="replace")
+    if text.lstrip().startswith("[") and '"thread_name"' in text and '"frames"' in text:
+        return 95
+    score = 0
+    if re.search(r"^Process \d+: ", text, re.M):
+        score += 40
+    if re.search(r"^Thread (0x[0-9A-Fa-f]+|\d+) \((idle|active|gil|active\+gil)\)", text, re.M):
+        score += 50
+    if re.search(r"^# hangdx stack-sample ", text, re.M):
+        score += 40
+    return min(score, 95)
+
+
+def parse(data: bytes, src: Source, ev: Evidence) -> None:
+    text = decode(data)
+    if text.lstrip().startswith("["):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None
+        if isinstance(doc, list):
+            _parse_json(doc, src, ev)
+            return
+    _parse_text(text, src, ev)
+
+
+def _marker_fields(line: str) -> dict[str, str]:
+    m = _MARKER.match(line)
+    return dict(_KV.findall(m.group(1))) if m else {}
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def _parse_text(text: str, src: Source, ev: Evidence) -> None:
+    dump: StackDump | None = None
+    thread: ThreadStack | None = None
+    meta: dict[str, str] = {}
+    errors: list[str] = []
+
+    def start_dump(pid: int | None, command: str | None) -> StackDump:
+        d = StackDump(
+            pid=pid if pid is not None else _int(meta.get("pid")) or src.pid,
+            rank=_int(meta.get("rank")) if "rank" in meta else src.rank,
+            host=meta.get("host") or src.host,
+            threads=[],
+            source=src.name,
+            taken_at=float(meta["time"]) if "time" in meta else None,
+            command=command,
+            role=meta.get("role", "rank"),
+        )
+        ev.stacks.append(d)
+        return d
+
+    for no, line in enumerate(text.splitlines(), 1):
+        if line.startswith("# hangdx stack-sample"):
+            meta = _marker_fields(line)
+            dump, thread = None, None
+            continue
+        m = _PROCESS.match(line)
+        if m:
+            dump, thread = start_dump(int(m.group(1)), m.group(2).strip()), None
+            continue
+        m = _PYTHON.match(line)
+        if m and dump is not None:
+            dump.python = m.group(1)
+            continue
+        m = _THREAD.match(line)
+        if m:
+            if dump is None:
+                dump = start_dump(None, None)
+            raw_id = m.group(1)
+            tid = int(raw_id, 16) if raw_id.startswith("0x") else int(raw_id)
+            thread = ThreadStack(
+                tid=tid,
+                name=m.group(3) or "",
+                state=_STATES.get(m.group(2), "unknown"),
+                frames=[],
+                quote=Quote(src.name, no, line.rstrip()),
+            )
+            dump.threads.append(thread)
+            continue
+        m = _FRAME.match(line)
+        if m and thread is not None:
+            func, where, lineno = m.group(1), m.group(2), m.group(3)
+            thread.frames.append(
+                Frame(
+                    function=func,
+                    file=where,
+                    line=int(lineno) if lineno else None,
+                    native=lineno is None,
+                    quote=Quote(src.name, no, line.strip()),
+                )
+            )
+            continue
+        m = _LOCAL.match(line)
+        if m and thread is not None and thread.frames:
+            thread.frames[-1].locals[m.group(1).strip()] = m.group(2)
+            continue
+        if line.startswith("Error:") or line.startswith("Permission Denied"):
+            errors.append(line.strip())
+    for err in errors:
+        ev.gap(src.name, f"py-spy: {err}")
+
+
+def _parse_json(doc: list, src: Source, ev: Evidence) -> None:
+    by_pid: dict[int | None, StackDump] = {}
+    for i, t in enumerate(doc, 1):
+        if not isinstance(t, dict):
+            continue
+        pid = t.get("pid") if isinstance(t.get("pid"), int) else src.pid
+        dump = by_pid.get(pid)
+        if dump is None:
+            dump = StackDump(pid=pid, rank=src.rank, host=src.host, threads=[], source=src.name)
+            by_pid[pid] = dump
+            ev.stacks.append(dump)
+        frames = []
+        for f in t.get("frames") or []:
+            if not isinstance(f, dict):
+                continue
+            line = f.get("line")
+            frames.append(
+                Frame(
+                    function=str(f.get("name", "?")),
+                    file=str(f.get("short_filename") or f.get("filename") or "?"),
+                    line=line if isinstance(line, int) and line > 0 else None,
+                    native=not isinstance(line, int) or line <= 0,
+                    locals={
+                        str(v.get("name")): str(v.get("repr"))
+                        for v in (f.get("locals") or [])
+                        if isinstance(v, dict)
+                    },
+                    quote=Quote(
+                        src.name,
+                        i,
+                        f"{f.get('name')} ({f.get('short_filename') or f.get('filename')}:{line})",
+                    ),
+                )
+            )
+        state = "gil" if t.get("owns_gil") else ("active" if t.get("active") else "idle")
+        tid = t.get("os_thread_id") or t.get("thread_id")
+        name = str(t.get("thread_name") or "")
+        dump.threads.append(
+            ThreadStack(
+                tid=tid if isinstance(tid, int) else None,
+                name=name,
+                state=state,
+                frames=frames,
+                quote=Quote(src.name, i, f'Thread {tid} ({state}): "{name}"'),
+            )
+        )
