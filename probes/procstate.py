@@ -18,7 +18,11 @@ def sniff(head: bytes) -> int:
 
 
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
-    doc = json.loads(decode(data))
+    try:
+        doc = json.loads(decode(data))
+    except ValueError as e:
+        ev.gap(src.name, f"process-state file is not valid JSON (truncated?): {e}")
+        return
     if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
         ev.gap(src.name, "process-state file without samples")
         return
@@ -32,5 +36,7 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
             continue
         values = {k: v for k, v in s.items() if k in _FIELDS}
         values.setdefault("host", host)
+        if not isinstance(values.get("rank"), (int, type(None))):
+            values["rank"] = None
         ev.processes.append(ProcessState(**values))
     ev.note_host(host)
