@@ -5,7 +5,6 @@ Playbooks read these, never the raw artifacts.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -400,23 +399,24 @@ def _crowd(located: dict[int, Location]) -> tuple[Location | None, list[int], li
 
 
 def _progress(ranks: dict[int, RankView], crowd_ranks: list[int]) -> tuple[bool | None, str]:
-    """Is the job still advancing? Waiting ranks that leave their collective, or sequence numbers that rise."""
+    """Is the job still advancing? Data still flowing through every rank, or waiting ranks leaving their collective."""
+    alive = {r: v for r, v in ranks.items() if v.alive and len(v.states) >= 2}
+    io = {r: v.delta("io_bytes") for r, v in alive.items() if v.delta("io_bytes") is not None}
+    flowing = sorted(r for r, d in io.items() if d and d > 0)
+    # A collective moves bytes through every rank's sockets; in a hang the waiting ranks move none.
+    if io and len(flowing) >= max(2, -(-3 * len(io) // 4)) and all(r in flowing for r in crowd_ranks if r in io):
+        total = sum(io[r] for r in flowing)
+        return True, f"ranks {_fmt(flowing)} kept moving data between samples ({total} bytes read and written)"
     movers = [r for r, v in ranks.items() if v.alive and len(v.locations) >= 2 and v.moved]
     waiting_movers = [r for r in movers if any(loc.kind in _WAITING for loc in ranks[r].locations)]
     if len(waiting_movers) >= max(2, len(ranks) // 2):
         return True, f"ranks {_fmt(waiting_movers)} left their collective between samples"
-    seqs = {}
-    for r, v in ranks.items():
-        done = [c.seq for c in v.collectives if c.seq is not None and c.state == "completed"]
-        if done:
-            seqs[r] = max(done)
     sampled = [v for v in ranks.values() if len(v.locations) >= 2]
-    if not sampled:
+    if not sampled and not io:
         return None, "one sample per rank: cannot tell a hang from a slow job"
-    cpu = [v.delta("cpu_seconds") for v in sampled if v.delta("cpu_seconds") is not None]
-    if movers and cpu and statistics.median(cpu) > 0.05 * max(v.sampled_seconds or 1 for v in sampled):
-        return True, f"ranks {_fmt(movers)} moved between samples and ranks use CPU"
-    return False, f"no rank left its place across {max(len(v.locations) for v in sampled)} samples"
+    n = max([len(v.locations) for v in sampled] + [len(v.states) for v in alive.values()] + [0])
+    still = " and no data moved through the waiting ranks" if io else ""
+    return False, f"no waiting rank left its place across {n} samples{still}"
 
 
 def _fmt(ranks: list[int]) -> str:
