@@ -161,7 +161,8 @@ def _parse_json(doc: list, src: Source, ev: Evidence) -> None:
             by_pid[pid] = dump
             ev.stacks.append(dump)
         frames = []
-        for f in t.get("frames") or []:
+        raw_frames = t.get("frames")
+        for f in raw_frames if isinstance(raw_frames, list) else []:
             if not isinstance(f, dict):
                 continue
             line = f.get("line")
@@ -173,7 +174,7 @@ def _parse_json(doc: list, src: Source, ev: Evidence) -> None:
                     native=not isinstance(line, int) or line <= 0,
                     locals={
                         str(v.get("name")): str(v.get("repr"))
-                        for v in (f.get("locals") or [])
+                        for v in (f.get("locals") if isinstance(f.get("locals"), list) else [])
                         if isinstance(v, dict)
                     },
                     quote=Quote(
