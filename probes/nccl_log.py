@@ -1,0 +1,449 @@
+"""NCCL debug logs (NCCL_DEBUG=INFO/WARN/TRACE): collectives, communicator set-up, network errors.
+
+Line formats are NCCL's own (src/debug.cc, checked against NVIDIA/nccl v2.18 .. v2.30):
+    host:pid:tid [cudaDev] NCCL INFO <msg>
+    host:pid:tid [cudaDev] file.cc:line NCCL WARN <msg>            (2.30 adds " (function)" after the line)
+    host:pid:tid [cudaDev] 12.345 func:line NCCL TRACE <msg>
+optionally after a `[2025-06-01 10:00:00] ` timestamp (WARN lines since 2.26), a torchrun `[rank3]:` prefix
+or any launcher prefix such as Ray's `(RayTrainWorker pid=615, ip=...) `.
+The collective line (`AllReduce: opCount 139d sendbuff ... [nranks=128] stream 0x...`) has kept one format
+from 2.4 through 2.30 (src/enqueue.cc); AlltoAll/Gather/Scatter are newer op names in the same line.
+A file that also holds PyTorch lines (tracebacks, watchdog timeouts) gets those read too: see `parse`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hangdx.probes.model import CollectiveRecord, Evidence, LogEvent, Quote, Source
+from hangdx.probes.text import lines as text_lines
+from hangdx.probes.text import looks_binary, strip_rank_prefix
+
+KIND = "nccl_log"
+
+_LINE = re.compile(
+    r"(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
+    r"(?:\d+\.\d+ )?(?:\S+:\d+ (?:\([^)]*\) )?)?NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
+)
+_TIMESTAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
+_VERSION = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)(\S*)")
+_COLL = re.compile(
+    r"^(?P<op>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<send>\S+) recvbuff (?P<recv>\S+) "
+    r"count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
+    r"comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) \[nranks=(?P<nranks>\d+)\](?: stream (?P<stream>\S+))?"
+)
+# 2.19+: one line per communicator with its shape.
+_INIT_SHAPE = re.compile(
+    r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
+    r"localRanks (?P<local_ranks>\d+) localRank (?P<local_rank>\d+)(?: MNNVL (?P<mnnvl>\d+))?"
+)
+# Every version: "[ncclCommInitRank ]comm 0x.. rank 3 nranks 8 cudaDev 3 [nvmlDev 3 ]busId .. - Init COMPLETE".
+_INIT_DONE = re.compile(
+    r"(?:(?P<func>nccl\w+) )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
+    r"cudaDev (?P<cuda_dev>-?\d+)(?:.*?commId (?P<comm_id>0x[0-9a-fA-F]+))?.*Init COMPLETE"
+)
+_NET_USING = re.compile(r"^NET/(?P<transport>[\w/]+) ?: Using ?(?P<devices>.*)$")
+_NET_NETWORK = re.compile(r"^Using network (?P<transport>.+?)\s*$")
+_IFNAME = re.compile(r"^(?P<var>NCCL_\w*IFNAME) set (?:by environment )?to (?P<value>\S+)")
+# <= 2.18: "with error 12, opcode 0, len 0, vendor err 129 (Recv)"; 2.21-2.28: "with status=12 opcode=0 len=0
+# vendor err 129 (Recv)"; 2.29+: "with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) vendor_err=129".
+_IB_COMPLETION = re.compile(
+    r"NET/IB(?:/GIN)? ?: Got completion from peer (?P<peer>\S+) with "
+    r"(?:error (?P<err_old>\d+), opcode (?P<op_old>\d+), len (?P<len_old>\d+), vendor err (?P<vendor_old>\d+)"
+    r"|status=(?:(?P<status_name>[A-Z_]+)\()?(?P<err>\d+)\)? opcode=(?:(?P<op_name>[A-Z_]+)\()?(?P<op>\d+)\)?"
+    r"(?: len=(?P<len>\d+))?(?: vendor err |\s*vendor_err=)(?P<vendor>\d+))"
+    r"(?: \((?P<dir>\w+)\))?"
+)
+_HCA = re.compile(r"\bhca (\S+)")
+_LOCAL_GID = re.compile(r"localGid (\S+)")
+_REMOTE_GID = re.compile(r"remoteGids? ?(\S+)")
+# "NET/IB : Got async event : port error" (<= 2.19), "NET/IB : mlx5_0:1 Got async event : port error" (2.21),
+# "... Got async error event: port error" (2.23-2.28), "... Got non-fatal async event: port error(10)" (2.29+),
+# "... async fatal event on QP (0x..): ..." and "... GID table changed".
+_IB_ASYNC = re.compile(
+    r"NET/IB ?: (?:(?P<dev>[\w.\-]+):(?P<port>\d+) )?"
+    r"(?:Got (?:non-fatal |)async (?:error )?event ?: ?(?P<event>.+?)(?:\((?P<code>\d+)\))?\s*$"
+    r"|async fatal event on (?P<fatal_on>QP|SRQ)\b.*?: (?P<fatal_event>[^:]+?)\s*$"
+    r"|(?P<gid>GID table changed))"
+)
+_CONNECT_FAIL = re.compile(
+    r"(?:[Cc]onnect to (?P<peer>\S+) (?:failed : |returned )(?P<err>[^,]+?)(?:, retrying.*|, exceeded.*)?\s*$"
+    r"|Call to connect returned (?P<err2>.+?), retrying"
+    r"|Connection closed by remote peer (?P<peer3>\S+)"
+    r"|Call to (?:recv from|send to) (?P<peer4>\S+) failed : (?P<err4>.+?)\s*$)"
+)
+_TIMEOUT = re.compile(r"exceeded timeouts|timed out|[Tt]imeout", re.I)
+
+_DTYPES = {
+    0: "int8",
+    1: "uint8",
+    2: "int32",
+    3: "uint32",
+    4: "int64",
+    5: "uint64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "bfloat16",
+    10: "float8e4m3",
+    11: "float8e5m2",
+}
+# ibv_wc_status (infiniband/verbs.h) and what ibv_wc_status_str() prints for it.
+_WC_STATUS = {
+    0: ("IBV_WC_SUCCESS", "success"),
+    1: ("IBV_WC_LOC_LEN_ERR", "local length error"),
+    2: ("IBV_WC_LOC_QP_OP_ERR", "local QP operation error"),
+    3: ("IBV_WC_LOC_EEC_OP_ERR", "local EE context operation error"),
+    4: ("IBV_WC_LOC_PROT_ERR", "local protection error"),
+    5: ("IBV_WC_WR_FLUSH_ERR", "Work Request Flushed Error"),
+    6: ("IBV_WC_MW_BIND_ERR", "memory management operation error"),
+    7: ("IBV_WC_BAD_RESP_ERR", "bad response error"),
+    8: ("IBV_WC_LOC_ACCESS_ERR", "local access error"),
+    9: ("IBV_WC_REM_INV_REQ_ERR", "remote invalid request error"),
+    10: ("IBV_WC_REM_ACCESS_ERR", "remote access error"),
+    11: ("IBV_WC_REM_OP_ERR", "remote operation error"),
+    12: ("IBV_WC_RETRY_EXC_ERR", "transport retry counter exceeded"),
+    13: ("IBV_WC_RNR_RETRY_EXC_ERR", "RNR retry counter exceeded"),
+    14: ("IBV_WC_LOC_RDD_VIOL_ERR", "local RDD violation error"),
+    15: ("IBV_WC_REM_INV_RD_REQ_ERR", "remote invalid RD request"),
+    16: ("IBV_WC_REM_ABORT_ERR", "aborted error"),
+    17: ("IBV_WC_INV_EECN_ERR", "invalid EE context number"),
+    18: ("IBV_WC_INV_EEC_STATE_ERR", "invalid EE context state"),
+    19: ("IBV_WC_FATAL_ERR", "fatal error"),
+    20: ("IBV_WC_RESP_TIMEOUT_ERR", "response timeout error"),
+    21: ("IBV_WC_GENERAL_ERR", "general error"),
+}
+
+
+@dataclass
+class NcclLine:
+    """One line carrying NCCL's `host:pid:tid [dev] NCCL LEVEL` prefix."""
+
+    lineno: int
+    text: str  # the verbatim line
+    host: str
+    pid: int
+    tid: int
+    cuda_dev: int
+    level: str
+    msg: str
+    rank_prefix: int | None = None
+    timestamp: str | None = None
+
+
+def match_line(line: str) -> NcclLine | None:
+    """Parse NCCL's line prefix, wherever it sits in the line; None when it is not an NCCL line."""
+    rank, rest = strip_rank_prefix(line)
+    m = _LINE.search(rest)
+    if not m:
+        return None
+    ts = _TIMESTAMP.match(rest)
+    return NcclLine(
+        lineno=0,
+        text=line,
+        host=m["host"],
+        pid=int(m["pid"]),
+        tid=int(m["tid"]),
+        cuda_dev=int(m["dev"]),
+        level=m["level"],
+        msg=m["msg"].rstrip(),
+        rank_prefix=rank,
+        timestamp=ts.group(1) if ts else None,
+    )
+
+
+def count_lines(head: bytes) -> int:
+    """How many NCCL-prefixed lines the bytes hold."""
+    return sum(1 for ln in head.decode("utf-8", errors="replace").splitlines() if _LINE.search(ln))
+
+
+def sniff(head: bytes) -> int:
+    if not head or looks_binary(head):
+        return 0
+    n = count_lines(head)
+    if n == 0:
+        return 0
+    from hangdx.probes import torch_log  # here, not at the top: torch_log imports this module
+
+    base = 60 + min(n, 30) if n >= 3 else 20
+    # A torchrun stderr with NCCL_DEBUG=INFO holds both; the file goes to whichever content dominates
+    # (both parsers read both kinds of line, so nothing is lost either way).
+    if torch_log.torch_weight(head) > n:
+        return min(base, 30)
+    return base
+
+
+@dataclass
+class _State:
+    versions: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # pid -> version
+    version_text: dict[int, str] = field(default_factory=dict)  # pid -> "2.27.3+cuda12.9"
+    file_version: tuple[int, int, int] | None = None
+    events: list[LogEvent] = field(default_factory=list)
+    comms: dict[tuple[int, str], dict] = field(default_factory=dict)  # (pid, comm) -> init facts
+    colls: list[tuple[NcclLine, re.Match]] = field(default_factory=list)
+
+
+def parse(data: bytes, src: Source, ev: Evidence) -> None:
+    """Read NCCL lines as NCCL, and every other line as PyTorch/torchrun output (mixed files are common)."""
+    if not data or looks_binary(data[:8192]):
+        return
+    from hangdx.probes import torch_log
+
+    nccl, other = split_lines(text_lines(data))
+    parse_nccl_lines(nccl, src, ev, file_version=version_of(other))
+    torch_log.parse_torch_lines(other, src, ev)
+
+
+def version_of(other: list[tuple[int, str]]) -> tuple[int, int, int] | None:
+    """The NCCL version from a bare `NCCL version 2.27.3+cuda12.9` line (NCCL_DEBUG=VERSION/WARN print it so)."""
+    for _, ln in other:
+        m = _VERSION.match(strip_rank_prefix(ln)[1].strip())
+        if m:
+            return (int(m[1]), int(m[2]), int(m[3]))
+    return None
+
+
+def split_lines(all_lines: list[str]) -> tuple[list[NcclLine], list[tuple[int, str]]]:
+    """NCCL lines (parsed) and the rest (1-based line number, text)."""
+    nccl: list[NcclLine] = []
+    other: list[tuple[int, str]] = []
+    for i, ln in enumerate(all_lines, 1):
+        nl = match_line(ln) if "NCCL " in ln else None
+        if nl:
+            nl.lineno = i
+            nccl.append(nl)
+        else:
+            other.append((i, ln))
+    return nccl, other
+
+
+def parse_nccl_lines(
+    nccl: list[NcclLine], src: Source, ev: Evidence, file_version: tuple[int, int, int] | None = None
+) -> None:
+    st = _State(file_version=file_version)
+    first_event = len(ev.events)
+    for nl in nccl:
+        try:
+            _one(nl, src, ev, st)
+        except (ValueError, IndexError, KeyError):  # a mangled line is skipped, never fatal
+            continue
+        ev.note_host(nl.host)
+    _finish_collectives(st, src, ev)
+    _fill_ranks(st, ev.events[first_event:])
+
+
+def _fill_ranks(st: _State, events: list[LogEvent]) -> None:
+    """A line without a rank (an IB error, a WARN) belongs to its process: use the rank in its widest comm."""
+    widest: dict[int, tuple[int, int]] = {}  # pid -> (nranks, rank)
+    for (pid, _comm), facts in st.comms.items():
+        if "rank" in facts and facts.get("nranks", 0) > widest.get(pid, (-1, 0))[0]:
+            widest[pid] = (facts.get("nranks", 0), facts["rank"])
+    for e in events:
+        if e.rank is None and e.pid in widest:
+            e.rank = widest[e.pid][1]
+
+
+def _quote(src: Source, nl: NcclLine) -> Quote:
+    return Quote(source=src.name, line=nl.lineno, text=nl.text)
+
+
+def _event(kind: str, nl: NcclLine, src: Source, ev: Evidence, rank: int | None = None, **fields) -> None:
+    fields.setdefault("cuda_dev", nl.cuda_dev)
+    if nl.timestamp:
+        fields.setdefault("timestamp", nl.timestamp)
+    ev.events.append(
+        LogEvent(
+            kind=kind,
+            quote=_quote(src, nl),
+            host=nl.host or src.host,
+            rank=rank if rank is not None else (nl.rank_prefix if nl.rank_prefix is not None else src.rank),
+            pid=nl.pid,
+            fields=fields,
+        )
+    )
+
+
+def _one(nl: NcclLine, src: Source, ev: Evidence, st: _State) -> None:
+    msg = nl.msg
+    if nl.level in ("INFO", "TRACE"):
+        m = _COLL.match(msg)
+        if m:
+            st.colls.append((nl, m))
+            return
+        m = _VERSION.search(msg)
+        if m and msg.startswith("NCCL version"):
+            ver = (int(m[1]), int(m[2]), int(m[3]))
+            st.versions[nl.pid] = ver
+            st.version_text[nl.pid] = f"{m[1]}.{m[2]}.{m[3]}{m[4]}"
+            _event("nccl_init", nl, src, ev, version=st.version_text[nl.pid])
+            return
+        if _init_line(nl, src, ev, st):
+            return
+        if _net_line(nl, src, ev):
+            return
+        m = _CONNECT_FAIL.search(msg)
+        if m:
+            _conn_event(nl, m, src, ev)
+        return
+    if nl.level != "WARN":
+        return
+    m = _IB_COMPLETION.search(msg)
+    if m:
+        _ib_completion(nl, m, src, ev)
+        return
+    m = _IB_ASYNC.search(msg)
+    if m:
+        event = m["event"] or m["fatal_event"] or ("GID table change" if m["gid"] else "")
+        _event(
+            "nccl_port_error",
+            nl,
+            src,
+            ev,
+            device=m["dev"],
+            port=int(m["port"]) if m["port"] else None,
+            event=event.strip(),
+            event_code=int(m["code"]) if m["code"] else None,
+            fatal=bool(m["fatal_on"]),
+        )
+        return
+    m = _CONNECT_FAIL.search(msg)
+    if m:
+        _conn_event(nl, m, src, ev)
+        return
+    if _TIMEOUT.search(msg):
+        _event("nccl_timeout", nl, src, ev, message=msg)
+        return
+    _event("nccl_warn", nl, src, ev, message=msg)
+
+
+def _init_line(nl: NcclLine, src: Source, ev: Evidence, st: _State) -> bool:
+    m = _INIT_SHAPE.search(nl.msg)
+    if m:
+        facts = st.comms.setdefault((nl.pid, m["comm"]), {})
+        facts.update(
+            rank=int(m["rank"]),
+            nranks=int(m["nranks"]),
+            nnodes=int(m["nnodes"]),
+            local_ranks=int(m["local_ranks"]),
+            local_rank=int(m["local_rank"]),
+        )
+        _init_event(nl, src, ev, st, m["comm"], facts)
+        return True
+    m = _INIT_DONE.search(nl.msg)
+    if m:
+        facts = st.comms.setdefault((nl.pid, m["comm"]), {})
+        facts.update(rank=int(m["rank"]), nranks=int(m["nranks"]), cuda_dev=int(m["cuda_dev"]))
+        if m["comm_id"]:
+            facts["comm_id"] = m["comm_id"]
+        _init_event(nl, src, ev, st, m["comm"], facts, complete=True)
+        return True
+    return False
+
+
+def _init_event(nl: NcclLine, src, ev, st: _State, comm: str, facts: dict, complete: bool = False) -> None:
+    ver = st.versions.get(nl.pid) or st.file_version
+    _event(
+        "nccl_init",
+        nl,
+        src,
+        ev,
+        rank=facts.get("rank"),
+        version=st.version_text.get(nl.pid) or (".".join(map(str, ver)) if ver else None),
+        comm=comm,
+        nranks=facts.get("nranks"),
+        nnodes=facts.get("nnodes"),
+        local_rank=facts.get("local_rank"),
+        cuda_dev=facts.get("cuda_dev", nl.cuda_dev),
+        comm_id=facts.get("comm_id"),
+        complete=complete,
+    )
+
+
+def _net_line(nl: NcclLine, src: Source, ev: Evidence) -> bool:
+    msg = nl.msg
+    m = _NET_USING.match(msg)
+    if m:
+        _event("nccl_net", nl, src, ev, transport=m["transport"], devices=m["devices"].strip())
+        return True
+    m = _NET_NETWORK.match(msg)
+    if m:
+        _event("nccl_net", nl, src, ev, transport=m["transport"], devices=None)
+        return True
+    m = _IFNAME.match(msg)
+    if m:
+        _event("nccl_net", nl, src, ev, transport=None, devices=m["value"], setting=m["var"])
+        return True
+    return False
+
+
+def _ib_completion(nl: NcclLine, m: re.Match, src: Source, ev: Evidence) -> None:
+    code = int(m["err"] if m["err"] is not None else m["err_old"])
+    name, text = _WC_STATUS.get(code, (None, None))
+    status = m["status_name"] or name
+    hca = _HCA.search(nl.msg)
+    lgid, rgid = _LOCAL_GID.search(nl.msg), _REMOTE_GID.search(nl.msg)
+    opcode = m["op"] if m["op"] is not None else m["op_old"]
+    length = m["len"] if m["len"] is not None else m["len_old"]
+    _event(
+        "nccl_ib_completion_error",
+        nl,
+        src,
+        ev,
+        peer=m["peer"],
+        error=code,
+        status=status,
+        status_text=text,
+        opcode=int(opcode),
+        opcode_name=m["op_name"],
+        len=int(length) if length is not None else None,
+        vendor_err=int(m["vendor"] if m["vendor"] is not None else m["vendor_old"]),
+        direction=m["dir"],
+        hca=hca.group(1) if hca else None,
+        local_gid=lgid.group(1) if lgid else None,
+        remote_gid=rgid.group(1) if rgid else None,
+        qp=None,  # NCCL does not print the QP number in this line
+    )
+
+
+def _conn_event(nl: NcclLine, m: re.Match, src: Source, ev: Evidence) -> None:
+    peer = m["peer"] or m["peer3"] or m["peer4"]
+    err = m["err"] or m["err2"] or m["err4"] or ("Connection closed by remote peer" if m["peer3"] else None)
+    _event("nccl_conn_refused", nl, src, ev, peer=peer, error=err, retrying="retrying" in nl.msg)
+
+
+def _finish_collectives(st: _State, src: Source, ev: Evidence) -> None:
+    """Turn collective lines into records once every init line (rank, nNodes, version) is known."""
+    # NCCL only advances opCount in ncclProxyStart, so a communicator without proxy work (single node)
+    # prints opCount 0 forever: such a 0 is "unknown", not "stuck at the first op".
+    counts: dict[tuple[int, str], list[int]] = {}
+    for nl, m in st.colls:
+        counts.setdefault((nl.pid, m["comm"]), []).append(int(m["opcount"], 16))
+    for nl, m in st.colls:
+        key = (nl.pid, m["comm"])
+        facts = st.comms.get(key, {})
+        ver = st.versions.get(nl.pid) or st.file_version
+        seq: int | None = int(m["opcount"], 16)
+        single_node = facts.get("nnodes") == 1
+        seen = counts[key]
+        if (ver and ver >= (2, 27, 0) and single_node) or (len(seen) >= 3 and not any(seen)):
+            seq = None
+        rank = facts.get("rank")
+        if rank is None:
+            rank = nl.rank_prefix if nl.rank_prefix is not None else src.rank
+        dtype = int(m["dtype"])
+        ev.collectives.append(
+            CollectiveRecord(
+                rank=rank,
+                op=m["op"].lower(),
+                seq=seq,
+                pg=m["comm"],
+                state="scheduled",  # NCCL logs the call when it is enqueued, not when it runs
+                numel_in=int(m["count"]),
+                dtype=_DTYPES.get(dtype, f"nccl_dtype_{dtype}"),
+                sizes={"root": int(m["root"]), "nranks": int(m["nranks"]), "redop": int(m["redop"])},
+                host=nl.host or src.host,
+                quote=_quote(src, nl),
+                origin="nccl_log",
+            )
+        )

@@ -1,0 +1,696 @@
+"""PyTorch / torchrun stderr and per-rank logs: watchdog timeouts, desync reports, gloo errors, tracebacks.
+
+Formats come from real output: the gloo, DDP, monitored-barrier, collective-mismatch and torchrun ones were
+recorded on torch 2.13 (tests/fixtures/torch_log/make_fixtures.py); the NCCL watchdog, desync report and CUDA
+OOM ones from pytorch sources (ProcessGroupNCCL.cpp, TraceUtils.h) and logs quoted in public GitHub issues.
+Lines may carry torchrun's `[rank3]:` prefix and c10's `[E1122 01:48:50.682679688 File.cpp:123] ` header.
+
+Sniff rule for files that mix NCCL_DEBUG lines and PyTorch lines: the kind whose lines dominate wins
+(NCCL lines counted one each; PyTorch telltales ten, tracebacks three, `[rankN]:` lines one each).
+Either parser reads both kinds of line, so the choice only names the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hangdx.probes import nccl_log
+from hangdx.probes.model import CollectiveRecord, Evidence, LogEvent, Quote, Source
+from hangdx.probes.text import lines as text_lines
+from hangdx.probes.text import looks_binary, strip_rank_prefix
+
+KIND = "torch_log"
+
+# c10 / glog headers: "[E1122 01:48:50.682679688 ProcessGroupGloo.cpp:2901] ", "[E ProcessGroupNCCL.cpp:458] ",
+# and torchrun's "E1122 01:48:41.280000 8238 site-packages/torch/.../api.py:1002] ".
+_LOG_HEADER = re.compile(
+    r"^\[?[EWIF](?:\d{4} \d\d:\d\d:\d\d\.\d+(?: \d+)?)? ?[^\s\]]+:\d+\] ?",
+)
+# "[Rank 3]", "[PG 1 Rank 0]", "[PG 0 (default_pg) Rank 12]", "[PG ID 0 PG GUID 0(default_pg) Rank 1]".
+_PG_RANK = re.compile(
+    r"\[(?:PG (?:ID )?(?P<pgid>\d+)(?: PG GUID (?P<guid>[^\s(\]]+))? ?(?:\((?P<pgname>[^)]*)\))? )?Rank (?P<rank>\d+)\]"
+)
+_WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\((?P<args>.*?)\) ran for (?P<ran>\d+) milliseconds"
+)
+_WORK_ARG = re.compile(r"(\w+(?:\(ms\))?)=([^,)]+)")
+_LAST_ENQ = re.compile(r"last enqueued (?:NCCL )?work: (\d+)")
+_LAST_DONE = re.compile(r"last completed (?:NCCL )?work: (\d+)")
+_LAST_START = re.compile(r"last started (?:NCCL )?work: (\d+)")
+_AT_WORK = re.compile(r"(?:at (?:NCCL )?work|work sequence id): (\d+)")
+_DESYNC_HEAD = re.compile(r"\[(\d+)\] Timeout at collective: (\S+?), #(\d+)")
+_DESYNC_NOT_FINISHED = re.compile(r"\[([\d, ]+)\] joined but didn't finish collective #(\d+)")
+_DESYNC_NOT_JOINED = re.compile(
+    r"\[([\d, ]+)\] finished collective #(\d+), but didn't join collective #(\d+)"
+)
+_DESYNC_NEVER = re.compile(r"ranks \[([\d, ]+)\] are the lagging ranks")
+_DESYNC_SNAP_SEQ = re.compile(r"^#(\d+) (started|finished) ranks:")
+_DESYNC_SNAP = re.compile(r"^\[([\d, ]+)\] (started|finished) (\S+)")
+_MISMATCH = "Detected mismatch between collectives on ranks"
+_FINGERPRINT = re.compile(r"Rank (\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\(")
+_FP_ARG = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes|TensorDeviceTypes)=")
+_MONITORED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")
+_REPORTER = re.compile(r"\[Rank (\d+)\]")
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation to complete")
+_GLOO_SIZE = re.compile(r"(?:(\d+) vs (\d+)\. )?Received data size doesn't match expected size")
+_CONN_CLOSED = re.compile(r"Connection closed by peer \[([^\]]+)\]:(\d+)")
+_CONN_ERROR = re.compile(r"(Read|Write) error \[([^\]]+)\]:(\d+): (Connection reset by peer|Broken pipe)")
+_CONN_GENERIC = re.compile(r"Connection reset by peer|Broken pipe")
+_DDP_EXPECTED = "Expected to have finished reduction in the prior iteration"
+_DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ?(.*)$")
+_DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ?(.*)$")
+_TR_ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
+_TR_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*?)\s*$")
+_PROC_FAILED = re.compile(
+    r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)(?: of binary: (.*))?"
+)
+_PROC_SIGNAL = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
+_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ ?[KMGTP]?i?B)")
+_OOM_GPU = re.compile(r"GPU (\d+)")
+_OOM_TOTAL = re.compile(
+    r"total capacity of ([\d.]+ ?[KMGTP]?i?B) of which ([\d.]+ ?[KMGTP]?i?B|0 bytes) is free"
+)
+_OOM_TOTAL_OLD = re.compile(r"([\d.]+ ?[KMGTP]?i?B) total capacity;.*?([\d.]+ ?[KMGTP]?i?B) free")
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
+_SIGNAL_NAME = re.compile(r"\((SIG[A-Z0-9]+)\)")
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1000, "MB": 10**6}
+_UNITS.update({"GB": 10**9, "TB": 10**12})
+# c10's log header naming a process-group source file: "[E1122 ... ProcessGroupGloo.cpp:2901]" (a py-spy
+# native frame prints "(ProcessGroupNCCL.cpp:1234)", which must not count).
+_PG_HEADER = re.compile(r"ProcessGroup\w+\.cpp:\d+\]")
+
+# Lines only PyTorch or torchrun print; each counts ten towards the sniff weight.
+_TELLTALES = (
+    "Watchdog caught collective operation timeout",
+    "last enqueued NCCL work",
+    "last enqueued work:",
+    "Timeout at collective:",
+    "lagging/dead/mismatched ranks",
+    _MISMATCH,
+    "failed to pass monitoredBarrier",
+    "for recv operation to complete",
+    "for send operation to complete",
+    "Received data size doesn't match expected size",
+    "Connection closed by peer [",
+    "did not receive grad for rank",
+    _DDP_EXPECTED,
+    "Root Cause (first observed failure)",
+    "torch.distributed.elastic",
+    "ChildFailedError",
+    "closing signal SIG",
+    "CUDA out of memory",
+    "Setting OMP_NUM_THREADS environment variable for each process",
+)
+
+
+def torch_weight(head: bytes) -> int:
+    """How much of the bytes is PyTorch/torchrun output (see the module docstring)."""
+    w = 0
+    for ln in head.decode("utf-8", errors="replace").splitlines():
+        if any(t in ln for t in _TELLTALES) or _PG_HEADER.search(ln):
+            w += 10
+        elif "Traceback (most recent call last):" in ln:
+            w += 3
+        elif ln.startswith(("[rank", "[default")) and strip_rank_prefix(ln)[0] is not None:
+            if "NCCL " not in ln or nccl_log.match_line(ln) is None:
+                w += 1
+    return w
+
+
+def sniff(head: bytes) -> int:
+    if not head or looks_binary(head):
+        return 0
+    w = torch_weight(head)
+    if w == 0:
+        return 0
+    text = head.decode("utf-8", errors="replace")
+    if any(t in text for t in _TELLTALES) or _PG_HEADER.search(text):
+        base = 70 + min(w // 10, 20)
+    elif w >= 5 and "Traceback (most recent call last):" not in text:
+        base = 50  # many `[rankN]:` lines, nothing else
+    elif "Traceback (most recent call last):" in text:
+        base = 20 if w < 10 else 45  # a plain Python traceback from a rank's log
+    else:
+        base = 10
+    n = nccl_log.count_lines(head)
+    if n and n >= w:
+        return min(base, 19)  # an NCCL log with a few PyTorch lines: nccl_log's to name
+    if n:
+        return max(base, 40)  # PyTorch dominates; stay above nccl_log's capped score
+    return base
+
+
+def parse(data: bytes, src: Source, ev: Evidence) -> None:
+    """Read PyTorch/torchrun lines, and any NCCL_DEBUG lines among them as NCCL (see nccl_log)."""
+    if not data or looks_binary(data[:8192]):
+        return
+    nccl, other = nccl_log.split_lines(text_lines(data))
+    if nccl:
+        nccl_log.parse_nccl_lines(nccl, src, ev, file_version=nccl_log.version_of(other))
+    parse_torch_lines(other, src, ev)
+
+
+def _ranks(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", text)]
+
+
+def _op_name(raw: str) -> str:
+    """WorkNCCL OpType to the evidence model's op: ALLREDUCE -> allreduce, _ALLGATHER_BASE -> allgather."""
+    op = raw.strip().lower().lstrip("_")
+    for suffix in ("_base", "_coalesced"):
+        if op.endswith(suffix) and op != suffix.lstrip("_"):
+            op = op[: -len(suffix)]
+    return op.replace("_", "")
+
+
+def _bytes(size: str) -> int | None:
+    m = re.match(r"([\d.]+) ?([KMGTP]?i?B)", size)
+    if not m or m.group(2) not in _UNITS:
+        return None
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+@dataclass
+class _Line:
+    lineno: int
+    text: str  # verbatim
+    rank: int | None  # from the `[rankN]:` prefix
+    body: str  # without the rank prefix
+    msg: str  # without the rank prefix and the log header
+
+
+@dataclass
+class _State:
+    src: Source
+    ev: Evidence
+    tb: dict[int | None, dict] = field(default_factory=dict)  # per rank prefix: open traceback
+    last_exc: dict[int | None, LogEvent] = field(default_factory=dict)  # per rank: exception still reading
+    desync: dict | None = None
+    monitored: dict[int | None, dict] = field(default_factory=dict)
+    ddp: dict[int | None, dict] = field(default_factory=dict)
+    torchrun: dict | None = None  # the failure-summary entry being read
+    root_cause: bool = False
+    watchdogs: dict[tuple, LogEvent] = field(default_factory=dict)
+    seen: set = field(default_factory=set)
+
+
+def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """Parse (line number, text) pairs that are not NCCL lines."""
+    st = _State(src=src, ev=ev)
+    for lineno, text in numbered:
+        rank, body = strip_rank_prefix(text)
+        msg = _LOG_HEADER.sub("", body, count=1)
+        ln = _Line(lineno, text, rank, body, msg)
+        try:
+            _one(ln, st)
+        except (ValueError, IndexError, KeyError):  # a mangled line is skipped, never fatal
+            continue
+    _close_desync(st)
+    _close_torchrun(st)
+    _flush_monitored(st)
+    _flush_ddp(st)
+    _link_watchdog_pgs(st)
+
+
+def _quote(st: _State, ln: _Line) -> Quote:
+    return Quote(source=st.src.name, line=ln.lineno, text=ln.text)
+
+
+def _rank_of(ln: _Line, st: _State) -> int | None:
+    if ln.rank is not None:
+        return ln.rank
+    m = _PG_RANK.search(ln.msg)
+    if m:
+        return int(m["rank"])
+    return st.src.rank
+
+
+def _add(st: _State, kind: str, ln: _Line, rank: int | None = None, **fields: Any) -> LogEvent:
+    e = LogEvent(
+        kind=kind,
+        quote=_quote(st, ln),
+        host=fields.pop("host", None) or st.src.host,
+        rank=rank if rank is not None else _rank_of(ln, st),
+        pid=fields.pop("pid", None) or st.src.pid,
+        fields=fields,
+    )
+    st.ev.events.append(e)
+    return e
+
+
+def _once(st: _State, *key: Any) -> bool:
+    """True the first time a key is seen: the same message often repeats (log line, then exception)."""
+    if key in st.seen:
+        return False
+    st.seen.add(key)
+    return True
+
+
+def _one(ln: _Line, st: _State) -> None:
+    _traceback(ln, st)
+    _desync(ln, st)
+    _torchrun_summary(ln, st)
+    msg = ln.msg
+    if "Watchdog caught" in msg:
+        _watchdog(ln, st)
+    if "last enqueued" in msg:
+        _work_progress(ln, st)
+    if _MISMATCH in msg:
+        _mismatch(ln, st)
+    if "monitoredBarrier" in msg:
+        _monitored(ln, st)
+    if "operation to complete" in msg:
+        m = _GLOO_TIMEOUT.search(msg)
+        if m and _once(st, "gloo_timeout", _rank_of(ln, st), m.group(0)):
+            _add(st, "gloo_timeout", ln, op=m.group(2).lower(), timeout_ms=int(m.group(1)), peer=None)
+    if "Received data size" in msg:
+        m = _GLOO_SIZE.search(msg)
+        if m:
+            received = int(m.group(1)) if m.group(1) else None
+            expected = int(m.group(2)) if m.group(2) else None
+            _add(st, "gloo_size_mismatch", ln, received_bytes=received, expected_bytes=expected)
+    if "Connection" in msg or "Broken pipe" in msg:
+        _connection(ln, st)
+    if "did not receive grad" in msg or _DDP_EXPECTED in msg:
+        _ddp(ln, st)
+    if "exitcode" in msg or "closing signal" in msg:
+        _process_exit(ln, st)
+    if "CUDA out of memory" in msg:
+        _oom(ln, st)
+
+
+def _watchdog(ln: _Line, st: _State) -> None:
+    m = _WATCHDOG.search(ln.msg)
+    if not m:
+        return
+    args = dict(_WORK_ARG.findall(m["args"]))
+    seq = int(args["SeqNum"]) if args.get("SeqNum", "").isdigit() else None
+    raw_op = args.get("OpType", "").strip()
+    op = _op_name(raw_op) if raw_op else "unknown"
+    pg_m = next((p for p in _PG_RANK.finditer(ln.msg) if p["pgid"] is not None), None)
+    before = list(_PG_RANK.finditer(ln.msg[: m.start()]))  # the "[Rank N]" right before the message
+    rank = ln.rank if ln.rank is not None else (int(before[-1]["rank"]) if before else _rank_of(ln, st))
+    pg = pg_m["pgid"] if pg_m else None
+    key = (rank, seq, op)
+    old = st.watchdogs.get(key)
+    if old is not None:  # the same timeout, repeated by "watchdog thread terminated" / "what():"
+        old.fields["repeats"] = old.fields.get("repeats", 0) + 1
+        if old.fields.get("pg") is None and pg is not None:
+            old.fields["pg"], old.fields["pg_name"] = pg, pg_m["pgname"]
+        return
+    numel_in, numel_out = args.get("NumelIn"), args.get("NumelOut")
+    timeout = args.get("Timeout(ms)")
+    e = _add(
+        st,
+        "watchdog_timeout",
+        ln,
+        rank=rank,
+        seq=seq,
+        op=op,
+        op_raw=raw_op,
+        numel_in=int(numel_in) if numel_in and numel_in.strip().isdigit() else None,
+        numel_out=int(numel_out) if numel_out and numel_out.strip().isdigit() else None,
+        timeout_ms=int(timeout) if timeout and timeout.strip().isdigit() else None,
+        ran_ms=int(m["ran"]),
+        pg=pg,
+        pg_name=pg_m["pgname"] if pg_m else None,
+    )
+    st.watchdogs[key] = e
+
+
+def _work_progress(ln: _Line, st: _State) -> None:
+    enq = _LAST_ENQ.search(ln.msg)
+    if not enq:
+        return
+    done, started, at = _LAST_DONE.search(ln.msg), _LAST_START.search(ln.msg), _AT_WORK.search(ln.msg)
+    pg = _PG_RANK.search(ln.msg)
+    rank = _rank_of(ln, st)
+    values = (
+        int(enq.group(1)),
+        int(done.group(1)) if done else None,
+        int(started.group(1)) if started else None,
+        int(at.group(1)) if at else None,
+    )
+    if not _once(st, "work_progress", rank, pg["pgid"] if pg else None, values):
+        return
+    _add(
+        st,
+        "work_progress",
+        ln,
+        rank=rank,
+        last_enqueued=values[0],
+        last_completed=values[1],
+        last_started=values[2],
+        at_work=values[3],
+        pg=pg["pgid"] if pg else None,
+        pg_name=pg["pgname"] if pg else None,
+    )
+
+
+def _link_watchdog_pgs(st: _State) -> None:
+    """Give each watchdog timeout its process group (from the work-progress line that follows it) and a record."""
+    for e in st.watchdogs.values():
+        if e.fields.get("pg") is None:
+            for w in st.ev.events:
+                if (
+                    w.kind == "work_progress"
+                    and w.rank == e.rank
+                    and w.fields.get("at_work") == e.fields.get("seq")
+                    and w.fields.get("pg") is not None
+                ):
+                    e.fields["pg"], e.fields["pg_name"] = w.fields["pg"], w.fields.get("pg_name")
+                    break
+        st.ev.collectives.append(
+            CollectiveRecord(
+                rank=e.rank,
+                op=e.fields["op"],
+                seq=e.fields["seq"],
+                pg=e.fields.get("pg"),
+                state="timed_out",
+                numel_in=e.fields.get("numel_in"),
+                numel_out=e.fields.get("numel_out"),
+                host=e.host,
+                quote=e.quote,
+                origin="torch_log",
+            )
+        )
+
+
+def _desync(ln: _Line, st: _State) -> None:
+    """TORCH_NCCL_DESYNC_DEBUG's report (TraceUtils.h retrieveDesyncReport): a header, then tab-indented lines."""
+    body = ln.body
+    head = _DESYNC_HEAD.search(body)
+    lagging = "lagging" in body or "didn't join collective" in body or "didn't finish collective" in body
+    if st.desync is not None and (head or not body[:1].isspace()):
+        _close_desync(st)
+    if st.desync is None and not (head or lagging):
+        return
+    if st.desync is None:
+        st.desync = {"lines": [], "reporter": None, "op": None, "seq": None, "first": ln}
+    d = st.desync
+    d["lines"].append(ln)
+    if head:
+        d["reporter"], d["op"], d["seq"] = int(head.group(1)), head.group(2), int(head.group(3))
+
+
+def _close_desync(st: _State) -> None:
+    d, st.desync = st.desync, None
+    if not d:
+        return
+    not_finished: list[int] = []
+    not_joined: list[int] = []
+    never: list[int] = []
+    snapshot: list[dict] = []
+    quote_line = None
+    snap_seq = None
+    for ln in d["lines"]:
+        text = ln.body.strip().lstrip("- ").strip()
+        for pat, into in ((_DESYNC_NOT_FINISHED, not_finished), (_DESYNC_NOT_JOINED, not_joined)):
+            m = pat.search(text)
+            if m:
+                into.extend(_ranks(m.group(1)))
+                quote_line = quote_line or ln
+        m = _DESYNC_NEVER.search(text)
+        if m:
+            never.extend(_ranks(m.group(1)))
+            quote_line = quote_line or ln
+        m = _DESYNC_SNAP_SEQ.match(text)
+        if m:
+            snap_seq = int(m.group(1))
+            continue
+        m = _DESYNC_SNAP.match(text)
+        if m and snap_seq is not None and not _DESYNC_NOT_JOINED.search(text):
+            snapshot.append(
+                {"seq": snap_seq, "state": m.group(2), "ranks": _ranks(m.group(1)), "op": m.group(3)}
+            )
+    ranks = sorted(set(not_finished + not_joined + never))
+    quote_ln = quote_line or d["first"]
+    reporter = d["reporter"] if d["reporter"] is not None else _rank_of(d["first"], st)
+    _add(
+        st,
+        "desync_report",
+        quote_ln,
+        rank=reporter,
+        message="\n".join(x.body.strip() for x in d["lines"]),
+        ranks=ranks,
+        not_joined=sorted(set(not_joined)),
+        joined_not_finished=sorted(set(not_finished)),
+        never_joined=sorted(set(never)),
+        timeout_op=_op_name(d["op"]) if d["op"] else None,
+        timeout_seq=d["seq"],
+        snapshot=snapshot,
+    )
+
+
+def _fingerprints(text: str) -> dict[int, dict[str, str]]:
+    """Rank -> fields of each `Rank N is running collective: CollectiveFingerPrint(...)` (nested parens)."""
+    out: dict[int, dict[str, str]] = {}
+    for m in _FINGERPRINT.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        inner = text[m.end() : i - 1]
+        parts: dict[str, str] = {}
+        keys = list(_FP_ARG.finditer(inner))
+        for k, nxt in zip(keys, keys[1:] + [None], strict=False):
+            end = nxt.start() if nxt else len(inner)
+            parts[k.group(1)] = inner[k.end() : end].rstrip(", ")
+        out[int(m.group(1))] = parts
+    return out
+
+
+def _mismatch(ln: _Line, st: _State) -> None:
+    prints = _fingerprints(ln.msg)
+    per_rank: dict[int, dict[str, Any]] = {}
+    for r, p in prints.items():
+        seq = p.get("SequenceNumber")
+        per_rank[r] = {
+            "op": _op_name(p["OpType"]) if p.get("OpType") else None,
+            "seq": int(seq) if seq and seq.isdigit() else None,
+            "shapes": p.get("TensorShape"),
+            "dtypes": p.get("TensorDtypes"),
+            "devices": p.get("TensorDeviceTypes"),
+        }
+    diff = ln.msg.split("differ in the following aspects:", 1)
+    reporter = next(iter(prints), None)  # ProcessGroupWrapper names the reporting rank first
+    _add(
+        st,
+        "collective_mismatch",
+        ln,
+        rank=ln.rank if ln.rank is not None else reporter,
+        ranks=sorted(per_rank),
+        per_rank=per_rank,
+        differences=diff[1].strip() if len(diff) > 1 else None,
+    )
+
+
+def _monitored(ln: _Line, st: _State) -> None:
+    m = _MONITORED.search(ln.msg)
+    if not m:
+        return
+    rep = _REPORTER.search(ln.msg)
+    reporter = ln.rank if ln.rank is not None else (int(rep.group(1)) if rep else st.src.rank)
+    agg = st.monitored.setdefault(reporter, {"ranks": set(), "quote": ln, "best": 0, "timeout_ms": None})
+    ranks = _ranks(m.group(1))
+    agg["ranks"].update(ranks)
+    agg["timeout_ms"] = int(m.group(2))
+    if len(ranks) > agg["best"]:  # quote the line naming the most ranks ("Ranks 1, 2 failed ...")
+        agg["best"], agg["quote"] = len(ranks), ln
+
+
+def _flush_monitored(st: _State) -> None:
+    for reporter, agg in st.monitored.items():
+        _add(
+            st,
+            "monitored_barrier_failed",
+            agg["quote"],
+            rank=reporter,
+            ranks=sorted(agg["ranks"]),
+            timeout_ms=agg["timeout_ms"],
+        )
+
+
+def _connection(ln: _Line, st: _State) -> None:
+    msg = ln.msg
+    m = _CONN_CLOSED.search(msg)
+    if m:
+        peer, reason = f"{m.group(1)}:{m.group(2)}", "closed by peer"
+    else:
+        m = _CONN_ERROR.search(msg)
+        if m:
+            peer, reason = f"{m.group(2)}:{m.group(3)}", m.group(4).lower()
+        else:
+            g = _CONN_GENERIC.search(msg)
+            # bare "Broken pipe" can come from anything; count it only from torch.distributed / gloo
+            if not g or not any(t in msg for t in ("gloo", "c10d", "pair.cc", "ProcessGroup")):
+                return
+            peer, reason = None, g.group(0).lower()
+    if _once(st, "conn", _rank_of(ln, st), peer, reason):
+        _add(st, "connection_closed", ln, peer=peer, reason=reason)
+
+
+def _ddp(ln: _Line, st: _State) -> None:
+    msg = ln.msg
+    m = _DDP_INDICES.search(msg) or _DDP_NAMES.search(msg)
+    rank = int(m.group(1)) if m else _rank_of(ln, st)
+    agg = st.ddp.setdefault(rank, {"names": [], "indices": [], "quote": ln, "why": 0})
+    if _DDP_NAMES.search(msg):
+        agg["names"] = [x.strip() for x in m.group(2).split(",") if x.strip()]
+        agg["quote"], agg["why"] = ln, 2
+    elif _DDP_INDICES.search(msg):
+        agg["indices"] = _ranks(m.group(2))
+        if agg["why"] < 2:
+            agg["quote"], agg["why"] = ln, 1
+
+
+def _flush_ddp(st: _State) -> None:
+    for rank, agg in st.ddp.items():
+        _add(
+            st,
+            "ddp_unused_parameters",
+            agg["quote"],
+            rank=rank,
+            param_names=agg["names"],
+            param_indices=agg["indices"],
+        )
+
+
+def _torchrun_summary(ln: _Line, st: _State) -> None:
+    """torchrun's ChildFailedError table: `Root Cause (first observed failure):` then `[0]:` entries."""
+    body = ln.body
+    if body.startswith("Root Cause (first observed failure)"):
+        _close_torchrun(st)
+        st.root_cause = True
+        return
+    if body.startswith("Failures:"):
+        _close_torchrun(st)
+        st.root_cause = False
+        return
+    m = _TR_ENTRY.match(body)
+    if m:
+        _close_torchrun(st)
+        st.torchrun = {"root": st.root_cause, "fields": {}, "quote": None, "first": ln}
+        return
+    if st.torchrun is None:
+        return
+    f = _TR_FIELD.match(body)
+    if f:
+        st.torchrun["fields"][f.group(1)] = f.group(2)
+        if f.group(1) == "exitcode":
+            st.torchrun["quote"] = ln
+        return
+    _close_torchrun(st)
+
+
+def _close_torchrun(st: _State) -> None:
+    t, st.torchrun = st.torchrun, None
+    if not t or not t["fields"]:
+        return
+    f = t["fields"]
+    rank_m = re.match(r"(-?\d+)(?: \(local_rank: (\d+)\))?", f.get("rank", ""))
+    exit_m = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", f.get("exitcode", ""))
+    sig = _SIGNAL_NAME.search(f.get("exitcode", "")) or _SIGNAL_NAME.search(f.get("traceback", ""))
+    rank = int(rank_m.group(1)) if rank_m else None
+    _add(
+        st,
+        "torchrun_failure",
+        t["quote"] or t["first"],
+        rank=rank,
+        host=f.get("host"),
+        pid=int(exit_m.group(2)) if exit_m and exit_m.group(2) else None,
+        local_rank=int(rank_m.group(2)) if rank_m and rank_m.group(2) else None,
+        exitcode=int(exit_m.group(1)) if exit_m else None,
+        signal=sig.group(1) if sig else None,
+        root_cause=t["root"],
+        time=f.get("time"),
+        error_file=f.get("error_file"),
+        traceback=f.get("traceback"),
+    )
+    if st.ev.events[-1].host:
+        st.ev.note_host(st.ev.events[-1].host)
+
+
+def _process_exit(ln: _Line, st: _State) -> None:
+    m = _PROC_FAILED.search(ln.msg)
+    if m:
+        # torchrun names local ranks here, not global ones: rank stays what the caller knows
+        _add(
+            st,
+            "process_exit",
+            ln,
+            pid=int(m.group(3)),
+            action="failed",
+            exitcode=int(m.group(1)),
+            local_rank=int(m.group(2)),
+            binary=m.group(4),
+        )
+        return
+    m = _PROC_SIGNAL.search(ln.msg)
+    if m:
+        _add(st, "process_exit", ln, pid=int(m.group(1)), action="closing_signal", signal=m.group(2))
+
+
+def _oom(ln: _Line, st: _State) -> None:
+    m = _OOM.search(ln.msg)
+    if not m or not _once(st, "oom", _rank_of(ln, st), ln.msg):
+        return
+    gpu = _OOM_GPU.search(ln.msg)
+    total = _OOM_TOTAL.search(ln.msg) or _OOM_TOTAL_OLD.search(ln.msg)
+    _add(
+        st,
+        "cuda_oom",
+        ln,
+        tried_to_allocate=m.group(1),
+        tried_to_allocate_bytes=_bytes(m.group(1)),
+        gpu=int(gpu.group(1)) if gpu else None,
+        total_capacity=total.group(1) if total else None,
+        free=total.group(2) if total else None,
+    )
+
+
+def _traceback(ln: _Line, st: _State) -> None:
+    """Python tracebacks, one per rank prefix at a time; the exception line ends one and is the quote."""
+    key, body = ln.rank, ln.body
+    if body.startswith("Traceback (most recent call last):"):
+        st.tb[key] = {"frames": []}
+        st.last_exc.pop(key, None)
+        return
+    tb = st.tb.get(key)
+    if tb is None:
+        _exception_continuation(ln, st)
+        return
+    f = _FRAME.match(body)
+    if f:
+        tb["frames"].append(f"{f['file']}:{f['line']} in {f['func']}")
+        return
+    if not body.strip() or body[:1].isspace():
+        return  # source lines and carets
+    del st.tb[key]
+    m = _EXC_LINE.match(body.rstrip())
+    if not m or m["type"].endswith("ChildFailedError"):
+        return  # torchrun's own ChildFailedError: its table is read as torchrun_failure
+    e = _add(
+        st,
+        "exception",
+        ln,
+        exc_type=m["type"],
+        message=(m["msg"] or "").strip(),
+        frames=tb["frames"],
+    )
+    if key is not None:
+        st.last_exc[key] = e
+
+
+def _exception_continuation(ln: _Line, st: _State) -> None:
+    """A multi-line exception message goes on under the same `[rankN]:` prefix (DDP's, for one)."""
+    e = st.last_exc.get(ln.rank)
+    if e is None:
+        return
+    if ln.body != ln.msg or not ln.body.strip() or len(e.fields["message"]) > 8000:
+        st.last_exc.pop(ln.rank, None)  # a log line or a blank line ends the message
+        return
+    e.fields["message"] += "\n" + ln.body.strip()
