@@ -113,6 +113,7 @@ def run(ev: Evidence) -> Verdict:
     if any(f.category != "unknown" for f in findings):
         findings = [f for f in findings if f.category != "unknown"]
     findings.sort(key=lambda f: -f.confidence)
+    findings = _distinct(findings)
     status = _status(facts, findings, statuses)
     return Verdict(
         job_id=ev.job_id,
@@ -121,6 +122,17 @@ def run(ev: Evidence) -> Verdict:
         gaps=[f"{g.source}: {g.message}" for g in ev.gaps],
         elapsed_seconds=time.monotonic() - started,
     )
+
+
+def _distinct(findings: list[Finding]) -> list[Finding]:
+    """Two playbooks reaching the same category and culprit: keep the surer one."""
+    seen, out = set(), []
+    for f in findings:
+        key = (f.category, tuple(sorted(set(f.culprit.ranks))), tuple(sorted(set(f.culprit.hosts))))
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
 
 
 def _status(facts: Facts, findings: list[Finding], statuses: list[str]) -> str:

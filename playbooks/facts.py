@@ -404,9 +404,16 @@ def _progress(ranks: dict[int, RankView], crowd_ranks: list[int]) -> tuple[bool 
     io = {r: v.delta("io_bytes") for r, v in alive.items() if v.delta("io_bytes") is not None}
     flowing = sorted(r for r, d in io.items() if d and d > 0)
     # A collective moves bytes through every rank's sockets; in a hang the waiting ranks move none.
-    if io and len(flowing) >= max(2, -(-3 * len(io) // 4)) and all(r in flowing for r in crowd_ranks if r in io):
+    if (
+        io
+        and len(flowing) >= max(2, -(-3 * len(io) // 4))
+        and all(r in flowing for r in crowd_ranks if r in io)
+    ):
         total = sum(io[r] for r in flowing)
-        return True, f"ranks {_fmt(flowing)} kept moving data between samples ({total} bytes read and written)"
+        return (
+            True,
+            f"ranks {_fmt(flowing)} kept moving data between samples ({total} bytes read and written)",
+        )
     movers = [r for r, v in ranks.items() if v.alive and len(v.locations) >= 2 and v.moved]
     waiting_movers = [r for r in movers if any(loc.kind in _WAITING for loc in ranks[r].locations)]
     if len(waiting_movers) >= max(2, len(ranks) // 2):

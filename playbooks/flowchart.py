@@ -98,27 +98,59 @@ def rank_gone(facts: Facts) -> Iterator[Match]:
             status="hung",
         )
         return
-    # Offline: torchrun or the kernel says a rank died.
-    failed = [e for e in logs if e.kind == "torchrun_failure" and e.rank is not None]
+    # Offline: torchrun or the kernel says a rank died. A rank that died of a timeout is a victim, not a cause.
+    victims = _timed_out_ranks(facts)
+    failed = [e for e in _real_failures(facts) if e.rank not in victims]
     root = [e for e in failed if e.fields.get("root_cause")] or failed
     if root:
         ranks = sorted({e.rank for e in root if e.rank is not None})
+        excs = [e for e in facts.ev.events_of("exception", "cuda_oom") if e.rank in ranks]
         yield Match(
             "rank_crashed",
             0.85,
             Culprit(ranks=ranks, hosts=_hosts_of_events(root)),
-            [e.quote for e in root] + [e.quote for e in logs if e.rank in ranks and e not in root],
+            [e.quote for e in excs[:2]]
+            + [e.quote for e in root]
+            + [e.quote for e in logs if e.rank in ranks and e not in root],
             {
                 **_crowd_ctx(facts),
                 "ranks": ranks,
                 "missing": [],
                 "exited": ranks,
                 "survivors": [],
-                "causes": [e.quote.text for e in root][:3],
+                "causes": [e.quote.text for e in excs + root][:3],
                 "oom": any(e.kind in ("oom_kill", "cuda_oom") for e in logs if e.rank in ranks),
             },
             status="failed",
         )
+
+
+def _real_failures(facts: Facts) -> list[LogEvent]:
+    """torchrun failures, less the ranks torchrun itself stopped (SIGTERM) after another rank failed."""
+    out = []
+    for e in facts.ev.events_of("torchrun_failure"):
+        if e.rank is None:
+            continue
+        if not e.fields.get("root_cause") and (
+            e.fields.get("signal") == "SIGTERM" or e.fields.get("exitcode") == -15
+        ):
+            continue
+        out.append(e)
+    return out
+
+
+def _timed_out_ranks(facts: Facts) -> set[int]:
+    """Ranks whose own logs say they gave up waiting on peers (their death is a symptom)."""
+    kinds = (
+        "watchdog_timeout",
+        "gloo_timeout",
+        "monitored_barrier_failed",
+        "desync_report",
+        "connection_closed",
+    )
+    out = {e.rank for e in facts.ev.events_of(*kinds) if e.rank is not None}
+    out |= {e.rank for e in facts.ev.events_of("exception") if e.rank is not None and _is_comm_error(e)}
+    return out
 
 
 def _crash_events(facts: Facts) -> list[LogEvent]:
@@ -380,6 +412,29 @@ def _last_seq(facts: Facts) -> dict[int, int]:
     return out
 
 
+@playbook("timeout_report", order=58)
+def timeout_report(facts: Facts) -> Iterator[Match]:
+    """Offline: did PyTorch itself name the lagging ranks (desync report, monitoredBarrier)?"""
+    if facts.have_stacks:
+        return
+    for kind, conf in (("desync_report", 0.8), ("monitored_barrier_failed", 0.72)):
+        events = facts.ev.events_of(kind)
+        ranks = sorted({int(r) for e in events for r in e.fields.get("ranks") or [] if str(r).isdigit()})
+        if not ranks:
+            continue
+        crashed = {e.rank for e in _real_failures(facts) if e.rank in ranks}
+        crashed |= {e.rank for e in facts.ev.events_of("oom_kill", "segfault", "cuda_oom") if e.rank in ranks}
+        yield Match(
+            "rank_crashed" if crashed else "conditional_collective",
+            conf,
+            Culprit(ranks=ranks, hosts=facts.hosts_of(ranks)),
+            [e.quote for e in events[:4]],
+            {**_crowd_ctx(facts), "ranks": ranks, "kind": kind, "crashed": sorted(crashed)},
+            status="hung",
+        )
+        return
+
+
 @playbook("sequence_divergence", order=60)
 def sequence_divergence(facts: Facts) -> Iterator[Match]:
     """From Flight Recorder, NCCL and watchdog records: which rank's collective sequence diverged?"""
@@ -432,7 +487,7 @@ def sequence_divergence(facts: Facts) -> Iterator[Match]:
                 evidence.append(c.quote)
         if r in progress:
             evidence.append(progress[r].quote)
-    evidence += [e.quote for e in facts.ev.events_of("watchdog_timeout")[:3]]
+    evidence += [e.quote for e in facts.ev.events_of("watchdog_timeout")[:3]]  # the victims' side
     yield Match(
         "conditional_collective",
         0.75 if behind else 0.6,
@@ -635,6 +690,16 @@ def _is_comm_error(e: LogEvent) -> bool:
     return any(w in text for w in ("timed out", "timeout", "connection", "watchdog", "nccl", "gloo", "peer"))
 
 
+_ERROR_KINDS = (
+    "watchdog_timeout",
+    "gloo_timeout",
+    "exception",
+    "connection_closed",
+    "nccl_warn",
+    "nccl_timeout",
+)
+
+
 @playbook("what_next", order=100)
 def what_next(facts: Facts) -> Iterator[Match]:
     """When nothing fits: say what was seen and what to collect next."""
@@ -652,7 +717,8 @@ def what_next(facts: Facts) -> Iterator[Match]:
         {
             **_crowd_ctx(facts),
             "have_stacks": facts.have_stacks,
-            "ranks_seen": sorted(facts.ranks),
+            "ranks_seen": sorted(set(facts.ranks) | {e.rank for e in facts.ev.events if e.rank is not None}),
+            "errors": [e.quote.text for e in facts.ev.events_of(*_ERROR_KINDS)][:2],
             "gaps": [f"{g.source}: {g.message}" for g in facts.ev.gaps][:5],
             "odd": {r: facts.ranks[r].location.describe() for r in facts.odd_ranks},
             "live": facts.ev.live,
