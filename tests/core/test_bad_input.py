@@ -26,7 +26,12 @@ def test_parser_survives_random_bytes(mod, data):
 
 @pytest.mark.parametrize("mod", PARSERS, ids=lambda m: m.KIND)
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from(list("Thread Process NCCL INFO WARN [rank1]: 0123456789:()\"{}[],\n\t.x")), max_size=2000))
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list('Thread Process NCCL INFO WARN [rank1]: 0123456789:()"{}[],\n\t.x')),
+        max_size=2000,
+    )
+)
 def test_parser_survives_text_made_of_its_own_tokens(mod, text):
     ev = Evidence()
     data = text.encode()
@@ -43,7 +48,9 @@ def test_empty_and_binary_artifacts_become_gaps():
 
 
 def run(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hangdx", *args], input=stdin, capture_output=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hangdx", *args], input=stdin, capture_output=True, timeout=60
+    )
 
 
 def test_analyze_missing_path_is_a_one_line_usage_error(tmp_path):

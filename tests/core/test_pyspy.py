@@ -20,7 +20,9 @@ def parse(name: str) -> Evidence:
     return ev
 
 
-@pytest.mark.parametrize("name", ["text_rank0.txt", "json_rank0.json", "native_rank0.txt", "locals_rank0.txt"])
+@pytest.mark.parametrize(
+    "name", ["text_rank0.txt", "json_rank0.json", "native_rank0.txt", "locals_rank0.txt"]
+)
 def test_every_format_shows_the_rank_waiting_in_all_reduce(name):
     ev = parse(name)
     assert len(ev.stacks) == 1
@@ -50,7 +52,11 @@ def test_frame_quotes_are_verbatim_dump_lines():
     ev = parse("text_rank0.txt")
     f = ev.stacks[0].main_thread().frames[0]
     lines = (FIX / "text_rank0.txt").read_text().splitlines()
-    assert lines[f.quote.line - 1].strip() == f.quote.text == "all_reduce (torch/distributed/distributed_c10d.py:3252)"
+    assert (
+        lines[f.quote.line - 1].strip()
+        == f.quote.text
+        == "all_reduce (torch/distributed/distributed_c10d.py:3252)"
+    )
 
 
 def test_old_hex_thread_ids_and_gil_state():
@@ -69,9 +75,9 @@ def test_old_hex_thread_ids_and_gil_state():
 def test_collector_markers_give_rank_host_time_and_role():
     text = (
         "# hangdx stack-sample time=100.5 host=gpu-node-03 rank=17 pid=9 role=worker\n"
-        "Process 9: python\nPython v3.11.7 (x)\n\nThread 9 (idle): \"MainThread\"\n    f (a.py:1)\n"
+        'Process 9: python\nPython v3.11.7 (x)\n\nThread 9 (idle): "MainThread"\n    f (a.py:1)\n'
         "# hangdx stack-sample time=101.5 host=gpu-node-03 rank=17 pid=9 role=worker\n"
-        "Process 9: python\nPython v3.11.7 (x)\n\nThread 9 (idle): \"MainThread\"\n    g (a.py:2)\n"
+        'Process 9: python\nPython v3.11.7 (x)\n\nThread 9 (idle): "MainThread"\n    g (a.py:2)\n'
     )
     ev = Evidence()
     pyspy.parse(text.encode(), Source("s"), ev)
@@ -88,7 +94,12 @@ def test_detected_by_content_whatever_the_name():
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\x00\x01\x02garbage\xff" * 100, b"Process 1: python\nThread 1 (idle): \"Main", b"[1, 2, {\"frames\": 3}]"],
+    [
+        b"",
+        b"\x00\x01\x02garbage\xff" * 100,
+        b'Process 1: python\nThread 1 (idle): "Main',
+        b'[1, 2, {"frames": 3}]',
+    ],
 )
 def test_bad_input_never_raises(data):
     ev = Evidence()
@@ -98,5 +109,7 @@ def test_bad_input_never_raises(data):
 
 def test_pyspy_error_output_becomes_a_gap():
     ev = Evidence()
-    pyspy.parse(b"Error: Failed to get process executable name. Check that the process is running.\n", Source("e"), ev)
+    pyspy.parse(
+        b"Error: Failed to get process executable name. Check that the process is running.\n", Source("e"), ev
+    )
     assert ev.gaps and "Failed to get process executable name" in ev.gaps[0].message

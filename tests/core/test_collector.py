@@ -1,0 +1,126 @@
+"""The node-side collector against real processes: finding a job's ranks, sampling them, redacting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from hangdx.probes import bundle, collector
+from hangdx.probes.bundle import evidence_from_documents, evidence_from_paths
+
+SLEEPER = "import time, sys\nsys.stdout.write('hello\\n'); sys.stdout.flush()\ndef wait_for_data():\n    time.sleep(600)\nwait_for_data()\n"
+
+
+@pytest.fixture
+def fake_job(tmp_path):
+    """Two 'ranks' of a job that only sleep: real processes, found by their environment."""
+    job = f"t-{uuid.uuid4().hex[:8]}"
+    procs = []
+    for rank in range(2):
+        env = dict(
+            os.environ,
+            HANGDX_JOB_ID=job,
+            RANK=str(rank),
+            WORLD_SIZE="3",
+            LOCAL_RANK=str(rank),
+            WANDB_API_KEY="wandb-secret-0123456789abcdef",
+        )
+        log = open(tmp_path / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=log, stderr=log))
+    time.sleep(1.0)
+    yield job, procs
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_collector_finds_ranks_samples_them_and_keeps_secrets_home(fake_job):
+    job, procs = fake_job
+    doc = collector.collect(job, samples=2, interval=0.2, hardware=False)
+    text = json.dumps(doc)
+    assert "wandb-secret" not in text
+    kinds = {a["kind"] for a in doc["artifacts"]}
+    assert {"pyspy", "procstate", "log"} <= kinds
+    ev = evidence_from_documents([doc], job_id=job)
+    assert ev.world_size == 3
+    assert sorted({d.rank for d in ev.stacks}) == [0, 1]
+    funcs = {f.function for d in ev.stacks for f in d.main_thread().frames}
+    assert "wait_for_data" in funcs
+    states = [s for s in ev.processes if s.rank == 0]
+    assert len(states) == 3 and states[-1].syscall in ("clock_nanosleep", "nanosleep")
+
+
+def test_missing_rank_and_sleeping_ranks_are_diagnosed(fake_job):
+    from hangdx.playbooks import engine
+
+    job, _ = fake_job
+    doc = collector.collect(job, samples=2, interval=0.2, hardware=False)
+    v = engine.run(evidence_from_documents([doc], job_id=job))
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [2]
+
+
+def test_rank_exiting_while_probed_is_a_finding_not_a_crash(fake_job):
+    from hangdx.playbooks import engine
+
+    job, procs = fake_job
+    procs[1].kill()
+    procs[1].wait()
+    doc = collector.collect(job, samples=2, interval=0.2, hardware=False)
+    v = engine.run(evidence_from_documents([doc], job_id=job))
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [1, 2]
+
+
+def test_saved_bundle_reads_back_to_the_same_evidence(fake_job, tmp_path):
+    job, _ = fake_job
+    doc = collector.collect(job, samples=2, interval=0.2, hardware=False)
+    bundle.save([doc], tmp_path / "b", job)
+    ev = evidence_from_paths([str(tmp_path / "b")])
+    assert ev.job_id == job and ev.live
+    assert sorted({d.rank for d in ev.stacks}) == [0, 1]
+    assert len(ev.processes) == 6
+
+
+def test_tail_of_a_huge_log_costs_only_the_tail(tmp_path):
+    big = tmp_path / "nccl.log"
+    with big.open("wb") as f:
+        f.seek(3 * 1024**3)  # a sparse 3 GiB file: reading it whole would take seconds and memory
+        f.write(b"\nlast line\n")
+    t0 = time.monotonic()
+    data = collector.tail_file(str(big), limit=4096)
+    assert data.endswith(b"last line\n") and len(data) <= 4096
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "SLACK_BOT_TOKEN=xoxb-1234567890-abcdefghij",
+        "password: hunter2hunter2",
+        "Authorization: Bearer abcdefghijklmnop1234",
+        "https://user:s3cretpass@example.com/repo",
+        "AWS key AKIAABCDEFGHIJKLMNOP",
+        "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----",
+    ],
+)
+def test_redact_blanks_tokens_keys_and_passwords(secret):
+    out = collector.redact(f"before {secret} after")
+    for piece in (
+        "xoxb-1234567890",
+        "hunter2",
+        "abcdefghijklmnop1234",
+        "s3cretpass",
+        "AKIAABCDEFGHIJKLMNOP",
+        "hf_abcdef",
+        "b3BlbnNzaC1rZXktdjEAAAAA",
+    ):
+        assert piece not in out
+    assert out.startswith("before ") and out.endswith(" after")
