@@ -81,10 +81,13 @@ def rank_gone(facts: Facts) -> Iterator[Match]:
         evidence += _crowd_quotes(facts)
         cause_events = [e for e in logs if e.rank in gone]
         evidence += [e.quote for e in cause_events]
+        hosts = facts.hosts_of(gone) or _hosts_of_events(cause_events)
+        if not hosts and len(facts.ev.hosts) == 1:
+            hosts = list(facts.ev.hosts)  # one host probed: a rank gone from it was there
         yield Match(
             "rank_crashed",
             0.93 if cause_events else 0.88,
-            Culprit(ranks=gone, hosts=facts.hosts_of(gone) or _hosts_of_events(cause_events)),
+            Culprit(ranks=gone, hosts=hosts),
             evidence,
             {
                 **_crowd_ctx(facts),
