@@ -214,11 +214,11 @@ class Facts:
         return sorted({h for r in ranks if (h := self.ranks[r].host if r in self.ranks else None)})
 
 
-def _user_frame(frames: list[Frame]) -> Frame | None:
+def user_frame(frames: list[Frame]) -> Frame | None:
     return next((f for f in frames if not is_library(f)), None)
 
 
-def _site(frame: Frame | None) -> str | None:
+def call_site(frame: Frame | None) -> str | None:
     if frame is None:
         return None
     return f"{frame.function} ({_norm(frame.file)}:{frame.line})" if frame.line else frame.function
@@ -237,8 +237,8 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     if thread is None:
         return Location("unknown", detail="no threads in the dump")
     frames = [f for f in thread.frames if not f.native]
-    user = _user_frame(frames)
-    site = _site(user)
+    user = user_frame(frames)
+    site = call_site(user)
 
     def loc(kind: str, op: str | None = None, detail: str = "", frame: Frame | None = None) -> Location:
         return Location(
@@ -287,7 +287,7 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     if thread.state in ("active", "gil") or (state is not None and state.state == "R"):
         return loc("compute")
     if syscall == "futex" and user is not None:
-        return loc("lock", detail="futex wait in a C call (a lock, Event or condition)")
+        return loc("lock", detail="futex: a lock, Event or condition")
     if is_anon_pipe or is_socket:
         return loc("idle", detail=f"{syscall} on {target}")
     return loc("idle", detail=syscall or "")

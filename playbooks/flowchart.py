@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts, Location, RankView
+from hangdx.playbooks.facts import Facts, RankView, call_site, user_frame
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent, Quote
 
@@ -346,12 +346,11 @@ def _elsewhere_match(facts: Facts, template: str, category: str, conf: float, ra
         q = _proc_quote(facts, v)
         if q and (v.location.kind in ("io", "lock") or (v.last_state and v.last_state.syscall)):
             evidence.append(q)
-        for w in v.worker_stacks[-1:]:
-            loc = _worker_site(w)
-            if loc:
-                workers[r] = loc.describe()
-                if loc.quote:
-                    evidence.append(loc.quote)
+        worker = _worker_site(v)
+        if worker:
+            workers[r], q = worker
+            if q:
+                evidence.append(q)
         threads[r] = _other_threads(v)
     evidence += _crowd_quotes(facts)
     return Match(
@@ -373,23 +372,34 @@ def _elsewhere_match(facts: Facts, template: str, category: str, conf: float, ra
     )
 
 
-def _worker_site(dump) -> Location | None:
-    from hangdx.playbooks.facts import classify
-
-    return classify(dump, None)
+def _worker_site(v: RankView) -> tuple[str, Quote | None] | None:
+    """Where a rank's child process (a DataLoader worker) is stuck: its own code line and syscall."""
+    if not v.worker_stacks:
+        return None
+    dump = v.worker_stacks[-1]
+    thread = dump.main_thread()
+    if thread is None:
+        return None
+    user = user_frame([f for f in thread.frames if not f.native])
+    if user is None:
+        return None
+    text = f"at {call_site(user)}"
+    states = [s for s in v.worker_states if s.pid == dump.pid and s.state != "exited"]
+    if states and states[-1].syscall:
+        s = states[-1]
+        text += f", blocked in {s.syscall}" + (f" on {s.syscall_target}" if s.syscall_target else "")
+    return f"(pid {dump.pid}) is stuck {text}", user.quote
 
 
 def _other_threads(v: RankView) -> list[str]:
     """Non-main threads of a rank that sit in user code (the other side of a deadlock)."""
-    from hangdx.playbooks.facts import _site, _user_frame
-
     if not v.stacks:
         return []
     out = []
     for t in v.stacks[-1].threads:
         if t.name == "MainThread":
             continue
-        site = _site(_user_frame(t.frames))
+        site = call_site(user_frame(t.frames))
         if site:
             out.append(f'thread "{t.name}" at {site}')
     return out[:4]
