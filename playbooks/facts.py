@@ -270,15 +270,18 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     target = state.syscall_target if state else None
     is_socket = bool(target and (target.startswith("socket:") or "(socket)" in target))
     is_anon_pipe = bool(target and target.startswith("pipe:"))
+    file_io = syscall in IO_SYSCALLS and not is_socket and not is_anon_pipe
+    io_detail = f"{syscall}({target})" if file_io and target else (syscall if file_io else "")
     for f in frames:
         if _norm(f.file).startswith(("torch/serialization.py", "shutil.py")):
-            return loc("io", detail=f"{f.function}", frame=f)
+            return loc("io", detail=io_detail or f"in {f.function}", frame=f)
     if state is not None and state.state == "D":
+        wchan = f", wchan {state.wchan}" if state.wchan else ""
         return loc(
-            "io", detail=f"uninterruptible sleep (D state){', wchan ' + state.wchan if state.wchan else ''}"
+            "io", detail=f"uninterruptible sleep (D state){wchan}{', ' + io_detail if io_detail else ''}"
         )
-    if syscall in IO_SYSCALLS and not is_socket and not is_anon_pipe:
-        return loc("io", detail=f"{syscall}({target})" if target else syscall)
+    if file_io:
+        return loc("io", detail=io_detail or "")
     for f in frames:
         if (_norm(f.file), f.function) in LOCK_FRAMES:
             return loc("lock", op=f.function, detail=f"{_norm(f.file)} {f.function}", frame=f)
