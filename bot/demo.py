@@ -24,7 +24,7 @@ def run_demo(args: argparse.Namespace) -> int:
         raise UsageError(
             f"the demo needs its job's dependencies ({e}); install them with: pip install 'hangdx[demo]'"
         ) from None
-    out = Console(highlight=False, stderr=args.json)
+    out = Console(highlight=False, stderr=args.json, soft_wrap=True)
     if args.list:
         for name, f in FAULTS.items():
             mark = " (default)" if name == DEFAULT_FAULT else ""
@@ -46,8 +46,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from hangdx.probes.local import collect_local, evidence_local
 
     spec = FAULTS[fault]
-    # SIGTERM (e.g. `timeout`) must clean up like Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C, `timeout` (SIGTERM) and a closed terminal all end the job's processes.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     job = ZooJob(fault, world_size=args.world_size, ptracer_pid=os.getpid())
     try:
         out.print(
@@ -87,6 +87,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     finally:
         job.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if not args.json:
             out.print("  stopped every process of the demo job")

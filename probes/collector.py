@@ -426,7 +426,10 @@ def sample_process(proc: dict, host: str) -> dict:
 
 
 def find_pyspy() -> str | None:
-    """py-spy on PATH, else beside this Python (a virtualenv's bin)."""
+    """$HANGDX_PYSPY, else py-spy on PATH, else beside this Python (a virtualenv's bin)."""
+    forced = os.environ.get("HANGDX_PYSPY")
+    if forced is not None:
+        return forced if os.access(forced, os.X_OK) else None
     found = shutil.which("py-spy")
     if found:
         return found

@@ -124,3 +124,16 @@ def test_redact_blanks_tokens_keys_and_passwords(secret):
     ):
         assert piece not in out
     assert out.startswith("before ") and out.endswith(" after")
+
+
+def test_without_py_spy_the_diagnosis_says_so_and_goes_on(fake_job, monkeypatch):
+    from hangdx.playbooks import engine
+
+    job, _ = fake_job
+    monkeypatch.setenv("HANGDX_PYSPY", "/nonexistent/py-spy")
+    doc = collector.collect(job, samples=2, interval=0.1, hardware=False)
+    assert not [a for a in doc["artifacts"] if a["kind"] == "pyspy"]
+    v = engine.run(evidence_from_documents([doc], job_id=job))
+    assert any("py-spy not found" in g and "pip install py-spy" in g for g in v.gaps)
+    assert v.root_cause.category == "rank_crashed"  # rank 2 is missing whatever the stacks say
+    assert v.root_cause.culprit.ranks == [2]
