@@ -180,6 +180,15 @@ class Gap:
 
 
 @dataclass
+class HostProblem:
+    """A host that could not be probed, and why (it may be the dead node)."""
+
+    host: str
+    kind: str  # unreachable | refused | timeout | dns | host_key_unknown | host_key_changed | auth | hung | garbage | too_large | error
+    message: str
+
+
+@dataclass
 class Evidence:
     """Everything known about one job, from live probes or saved files."""
 
@@ -196,6 +205,8 @@ class Evidence:
     hosts: list[str] = field(default_factory=list)
     live: bool = False  # probed a running job (vs files read after the fact)
     other_jobs: list[str] = field(default_factory=list)
+    host_problems: list[HostProblem] = field(default_factory=list)
+    probed_hosts: list[str] = field(default_factory=list)  # every host a live probe was sent to
 
     def note_host(self, host: str | None) -> None:
         if host and host not in self.hosts:
