@@ -110,8 +110,8 @@ def run(ev: Evidence) -> Verdict:
             )
             if m.status:
                 statuses.append(m.status)
-    if any(f.category != "unknown" for f in findings):
-        findings = [f for f in findings if f.category != "unknown"]
+    if any(f.playbook != "what_next" for f in findings):
+        findings = [f for f in findings if f.playbook != "what_next"]
     findings.sort(key=lambda f: -f.confidence)
     findings = _distinct(findings)
     status = _status(facts, findings, statuses)
@@ -126,13 +126,19 @@ def run(ev: Evidence) -> Verdict:
 
 def _distinct(findings: list[Finding]) -> list[Finding]:
     """Two playbooks reaching the same category and culprit: keep the surer one."""
-    seen, out = set(), []
+    kept: dict[tuple, Finding] = {}
     for f in findings:
-        key = (f.category, tuple(sorted(set(f.culprit.ranks))), tuple(sorted(set(f.culprit.hosts))))
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    return out
+        key = (f.category, tuple(sorted(set(f.culprit.ranks))))
+        first = kept.get(key)
+        if first is None:
+            kept[key] = f
+            continue
+        # The surer finding keeps its words; it gains what the other saw (a GPU, a link, a host).
+        for attr in ("hosts", "gpus", "links"):
+            merged = list(dict.fromkeys(getattr(first.culprit, attr) + getattr(f.culprit, attr)))
+            setattr(first.culprit, attr, merged)
+        first.evidence = _dedupe(first.evidence + f.evidence)
+    return list(kept.values())
 
 
 def _status(facts: Facts, findings: list[Finding], statuses: list[str]) -> str:

@@ -738,3 +738,133 @@ def what_next(facts: Facts) -> Iterator[Match]:
         },
         status=status,
     )
+
+
+_DEAD_KINDS = {"timeout", "unreachable", "hung"}
+
+
+@playbook("host_unreachable", order=5)
+def host_unreachable(facts: Facts) -> Iterator[Match]:
+    """Could every host be probed? A node that does not answer may be the dead one."""
+    problems = facts.ev.host_problems
+    if not problems:
+        return
+    dead = [p for p in problems if p.kind in _DEAD_KINDS]
+    blocked = [p for p in problems if p.kind not in _DEAD_KINDS]
+    if dead and facts.missing:
+        # Ranks nobody saw, on hosts nobody could reach: the node (or its ranks) went down.
+        yield Match(
+            "rank_crashed",
+            0.8,
+            Culprit(ranks=list(facts.missing), hosts=sorted({p.host for p in dead})),
+            [Quote(f"{p.host}/ssh", 0, p.message) for p in dead] + _crowd_quotes(facts),
+            {**_crowd_ctx(facts), "problems": dead, "missing": facts.missing, "dead": True},
+            status="hung",
+            template="host_unreachable",
+        )
+    else:
+        blocked = problems
+    if blocked:
+        yield Match(
+            "unknown",
+            0.35,
+            Culprit(hosts=sorted({p.host for p in blocked})),
+            [Quote(f"{p.host}/ssh", 0, p.message) for p in blocked],
+            {**_crowd_ctx(facts), "problems": blocked, "missing": facts.missing, "dead": False},
+            template="host_unreachable",
+        )
+
+
+def _idle_gpus(facts: Facts) -> list:
+    """GPUs at ~0% while most of the job's GPUs are busy: the waiting ranks' NCCL kernels spin at 100%."""
+    gpus = [g for g in facts.ev.gpus if g.util_pct is not None]
+    if len(gpus) < 3:
+        return []
+    busy = [g for g in gpus if g.util_pct >= 80]
+    idle = [g for g in gpus if g.util_pct <= 5]
+    if len(busy) < 2 * len(idle) or not idle or len(idle) > max(1, len(gpus) // 4):
+        return []
+    return idle
+
+
+def _rank_of_gpu(facts: Facts, gpu) -> int | None:
+    for r, v in facts.ranks.items():
+        if v.pid in gpu.pids and (gpu.host is None or v.host == gpu.host):
+            return r
+    return None
+
+
+@playbook("gpu_idle_outlier", order=52)
+def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
+    """Which GPU sits at 0% while the others spin at 100% in a collective, and which rank owns it?"""
+    idle = _idle_gpus(facts)
+    if not idle or not _hung(facts):
+        return
+    busy = sum(1 for g in facts.ev.gpus if (g.util_pct or 0) >= 80)
+    for g in idle:
+        rank = _rank_of_gpu(facts, g)
+        gpu_name = f"{g.host}:GPU{g.index}" if g.host else f"GPU{g.index}"
+        ranks = [rank] if rank is not None else []
+        where = (
+            facts.ranks[rank].location.describe() if rank is not None and facts.ranks[rank].locations else ""
+        )
+        evidence = [g.quote] if g.quote else []
+        if rank is not None:
+            evidence += _loc_quote(facts.ranks[rank])
+        loc = facts.ranks[rank].location if rank is not None and facts.ranks[rank].locations else None
+        category = "conditional_collective"
+        if loc is not None and loc.kind in _ELSEWHERE:
+            category = _ELSEWHERE[loc.kind][0]
+        yield Match(
+            category,
+            0.8 if loc is not None and loc.kind not in WAITING else 0.62,
+            Culprit(ranks=ranks, hosts=[g.host] if g.host else [], gpus=[gpu_name]),
+            evidence + _crowd_quotes(facts, 1),
+            {
+                **_crowd_ctx(facts),
+                "gpu": gpu_name,
+                "util": g.util_pct,
+                "busy": busy,
+                "rank": rank,
+                "where": where,
+            },
+            status="hung",
+            template="gpu_idle_outlier",
+        )
+
+
+_FABRIC_IF = ("ib", "eth", "en", "bond", "mlx", "hsn", "roce")
+
+
+@playbook("mtu_mismatch", order=85)
+def mtu_mismatch(facts: Facts) -> Iterator[Match]:
+    """Do the nodes agree on the MTU of each fabric interface?"""
+    by_if: dict[str, dict[str, object]] = defaultdict(dict)
+    for link in facts.ev.links:
+        if link.host and link.mtu and link.ifname.startswith(_FABRIC_IF) and (link.state or "UP") != "DOWN":
+            by_if[link.ifname][link.host] = link
+    for ifname, hosts in sorted(by_if.items()):
+        if len(hosts) < 2:
+            continue
+        mtus: dict[int, list[str]] = defaultdict(list)
+        for host, link in hosts.items():
+            mtus[link.mtu].append(host)
+        if len(mtus) < 2:
+            continue
+        common = max(mtus, key=lambda m: (len(mtus[m]), m))
+        odd_hosts = sorted(h for m, hs in mtus.items() if m != common for h in hs)
+        yield Match(
+            "network_fault",
+            0.8,
+            Culprit(hosts=odd_hosts, links=[f"{h}:{ifname}" for h in odd_hosts]),
+            [hosts[h].quote for h in odd_hosts if hosts[h].quote]
+            + [hosts[h].quote for h in mtus[common][:1] if hosts[h].quote],
+            {
+                "ifname": ifname,
+                "odd": {h: hosts[h].mtu for h in odd_hosts},
+                "common": common,
+                "common_hosts": mtus[common],
+            },
+            status="hung",
+            template="mtu_mismatch",
+        )

@@ -12,7 +12,7 @@ import re
 import time
 from pathlib import Path
 
-from hangdx.probes.model import Evidence, Source
+from hangdx.probes.model import Evidence, HostProblem, Source
 from hangdx.probes.naming import host_from_path, rank_from_name
 from hangdx.probes.registry import parse_artifact
 from hangdx.probes.text import looks_binary
@@ -33,7 +33,15 @@ def evidence_from_documents(docs: list[dict], job_id: str | None = None) -> Evid
     ev = Evidence(job_id=job_id, live=True)
     for doc in docs:
         host = doc.get("host")
-        ev.note_host(host)
+        if host and host not in ev.probed_hosts:
+            ev.probed_hosts.append(host)
+        problem = doc.get("problem")
+        if isinstance(problem, dict):
+            ev.host_problems.append(
+                HostProblem(str(host), str(problem.get("kind", "error")), str(problem.get("message", "")))
+            )
+        else:
+            ev.note_host(host)
         for err in doc.get("errors") or []:
             ev.gap(f"{host}/{err.get('source')}", str(err.get("message")))
         for other in doc.get("other_jobs") or []:
@@ -63,6 +71,8 @@ def save(docs: list[dict], directory: str | Path, job_id: str | None) -> Path:
             (root / host / name).write_bytes(artifact_bytes(art))
         if doc.get("errors"):
             (root / host / "errors.json").write_text(json.dumps(doc["errors"], indent=1))
+        if doc.get("problem"):
+            (root / host / "problem.json").write_text(json.dumps(doc["problem"], indent=1))
     manifest = {
         "hangdx_bundle": 1,
         "job_id": job_id,
@@ -111,6 +121,9 @@ def evidence_from_paths(paths: list[str], stdin: bytes | None = None) -> Evidenc
             if f.name == "errors.json" and manifest is not None:
                 _read_errors(f, rel, ev)
                 continue
+            if f.name == "problem.json" and manifest is not None:
+                _read_problem(f, ev)
+                continue
             try:
                 size = f.stat().st_size
                 if size > MAX_FILE_BYTES:
@@ -139,9 +152,21 @@ def _read_manifest(path: Path, ev: Evidence) -> None:
         return
     if isinstance(m, dict):
         ev.job_id = ev.job_id or m.get("job_id")
+        ev.probed_hosts = [str(h) for h in m.get("hosts") or []]
         ev.live = True  # a saved bundle is a live probe, read later
         for o in m.get("other_jobs") or []:
             ev.other_jobs.append(str(o))
+
+
+def _read_problem(path: Path, ev: Evidence) -> None:
+    try:
+        p = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(p, dict):
+        ev.host_problems.append(
+            HostProblem(path.parent.name, str(p.get("kind", "error")), str(p.get("message", "")))
+        )
 
 
 def _read_errors(path: Path, rel: str, ev: Evidence) -> None:
