@@ -22,6 +22,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 COLLECTOR_VERSION = 1
@@ -523,6 +524,12 @@ def collect(
             }
         )
 
+    host_thread = None
+    if hardware:
+        # GPU, kernel and fabric probes (perfquery waits 2 s between samples) run while stacks are sampled.
+        host_thread = threading.Thread(target=_collect_host, args=(host, add, errors), daemon=True)
+        host_thread.start()
+
     stacks: dict[int, list[str]] = {p["pid"]: [] for p in procs}
     states: list[dict] = []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(procs))))
@@ -582,8 +589,8 @@ def collect(
         add("processes.json", "procstate", json.dumps(doc, indent=1))
 
     _collect_rank_files(procs, host, add, errors)
-    if hardware:
-        _collect_host(host, add, errors)
+    if host_thread is not None:
+        host_thread.join(timeout=60)
     return {
         "hangdx_collector": COLLECTOR_VERSION,
         "host": host,
@@ -645,7 +652,73 @@ def _collect_rank_files(procs: list[dict], host: str, add, errors: list[dict]) -
                 add(f"fr-rank{rank}.bin", "flight_recorder", raw.decode("latin-1"), rank, pid)
 
 
+def nvml_csv() -> tuple[str, str] | None:
+    """GPU state through NVML (pynvml), printed as nvidia-smi's --query-gpu / --query-compute-apps CSV."""
+    try:
+        import pynvml  # nvidia-ml-py: present on GPU nodes that have it, never required
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no GPU: nvidia-smi will say why
+        return None
+
+    def text(v) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    gpus = [
+        "index, uuid, pci.bus_id, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W]"
+    ]
+    apps = ["pid, process_name, gpu_uuid, gpu_bus_id, used_memory [MiB]"]
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = text(pynvml.nvmlDeviceGetUUID(h))
+            bus = text(pynvml.nvmlDeviceGetPciInfo(h).busId)
+            try:
+                util = "%d %%" % pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+            except Exception:  # noqa: BLE001 - a lost GPU answers some calls and not others
+                util = "[Unknown Error]"
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                power = "%.2f W" % (pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
+            except Exception:  # noqa: BLE001
+                power = "[N/A]"
+            gpus.append(
+                "%d, %s, %s, %s, %s, %d MiB, %d MiB, %s"
+                % (
+                    i,
+                    uuid,
+                    bus,
+                    text(pynvml.nvmlDeviceGetName(h)),
+                    util,
+                    mem.used // 2**20,
+                    mem.total // 2**20,
+                    power,
+                )
+            )
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                used = (proc.usedGpuMemory or 0) // 2**20
+                apps.append("%d, %s, %s, %s, %d MiB" % (proc.pid, _comm(proc.pid), uuid, bus, used))
+    except Exception:  # noqa: BLE001 - fall back to nvidia-smi
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return "\n".join(gpus) + "\n", "\n".join(apps) + "\n"
+
+
+def _comm(pid: int) -> str:
+    return (_read_text("/proc/%d/comm" % pid) or "?").strip()
+
+
 def _collect_host(host: str, add, errors: list[dict]) -> None:
+    nvml = nvml_csv()
+    if nvml is not None:
+        add("nvml-gpus.csv", "nvidia_smi", nvml[0])
+        add("nvml-apps.csv", "nvidia_smi", nvml[1])
     probes = [
         (
             "nvidia-smi.csv",
@@ -669,8 +742,13 @@ def _collect_host(host: str, add, errors: list[dict]) -> None:
         ("ip-link.txt", "ip_link", ["ip", "link"]),
     ]
     quiet_missing = {"nvidia-smi", "ibstat"}  # a CPU-only or Ethernet-only host simply has none
+    out_ibstat = None
     for name, kind, cmd in probes:
+        if nvml is not None and cmd[0] == "nvidia-smi":
+            continue
         out, err = _run(cmd)
+        if cmd[0] == "ibstat":
+            out_ibstat = out
         if out:
             add(name, kind, out)
         elif err and not (cmd[0] in quiet_missing and "not found" in err):
@@ -683,17 +761,37 @@ def _collect_host(host: str, add, errors: list[dict]) -> None:
     if out:
         add("kernel.log", "kernel_log", "\n".join(out.splitlines()[-5000:]))
     if shutil.which("perfquery"):
+        ports = _ib_ports(out_ibstat) or [(None, None)]
         blocks = []
         for i in range(2):
             if i:
-                time.sleep(2.0)
-            out, err = _run(["perfquery", "-x"])
-            if out:
-                blocks.append(f"# hangdx sample {time.time():.3f}\n{out}")
-            elif err:
-                errors.append({"source": "perfquery", "message": err})
+                time.sleep(2.0)  # two samples: a counter that rises between them is a live fault
+            for ca, port in ports:
+                cmd = ["perfquery", "-x"] + (["-C", ca, "-P", str(port)] if ca else [])
+                out, err = _run(cmd)
+                if out:
+                    marker = "# hangdx sample %.3f host=%s" % (time.time(), host)
+                    if ca:
+                        marker += " ca=%s port=%s" % (ca, port)
+                    blocks.append(marker + "\n" + out)
+                elif err:
+                    errors.append({"source": "perfquery", "message": err})
         if blocks:
             add("perfquery.txt", "perfquery", "\n".join(blocks))
+
+
+def _ib_ports(ibstat: str | None) -> list[tuple[str, int]]:
+    """(CA, port) pairs from ibstat's output."""
+    ports, ca = [], None
+    for line in (ibstat or "").splitlines():
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            ca = m.group(1)
+            continue
+        m = re.match(r"^\s+Port (\d+):", line)
+        if m and ca and re.match(r"^[A-Za-z0-9_.-]+$", ca):
+            ports.append((ca, int(m.group(1))))
+    return ports
 
 
 def main(argv: list[str] | None = None) -> int:

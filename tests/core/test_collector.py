@@ -137,3 +137,43 @@ def test_without_py_spy_the_diagnosis_says_so_and_goes_on(fake_job, monkeypatch)
     assert any("py-spy not found" in g and "pip install py-spy" in g for g in v.gaps)
     assert v.root_cause.category == "rank_crashed"  # rank 2 is missing whatever the stacks say
     assert v.root_cause.culprit.ranks == [2]
+
+
+def test_nvml_state_is_read_as_nvidia_smi_csv(monkeypatch):
+    """No GPU here: a stand-in pynvml answers as NVML does on an 4-GPU node with one GPU idle."""
+    import types
+
+    from hangdx.probes.model import Evidence, Source
+    from hangdx.probes.registry import parse_artifact
+
+    class H:
+        def __init__(self, i):
+            self.i = i
+
+    util = [100, 100, 0, 100]
+    nv = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 4,
+        nvmlDeviceGetHandleByIndex=H,
+        nvmlDeviceGetUUID=lambda h: f"GPU-0000000{h.i}-aaaa-bbbb-cccc-dddddddddddd",
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(
+            busId=f"00000000:{0x1B + h.i:02X}:00.0".encode()
+        ),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=util[h.i]),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=40 * 2**30, total=80 * 2**30),
+        nvmlDeviceGetPowerUsage=lambda h: 650000 if util[h.i] else 90000,
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [
+            types.SimpleNamespace(pid=4100 + h.i, usedGpuMemory=2**34)
+        ],
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    gpus_csv, apps_csv = collector.nvml_csv()
+    ev = Evidence()
+    assert parse_artifact(gpus_csv.encode(), Source("n/gpus", host="n"), ev) == "nvidia_smi"
+    assert parse_artifact(apps_csv.encode(), Source("n/apps", host="n"), ev) == "nvidia_smi"
+    idle = [g for g in ev.gpus if g.util_pct == 0]
+    assert [g.index for g in idle] == [2]
+    assert idle[0].bus_id == "0000:1d:00.0"
+    assert 4102 in idle[0].pids or any(e.fields.get("pid") == 4102 for e in ev.events_of("gpu_process"))
