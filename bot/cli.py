@@ -45,6 +45,18 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--slurm", action="store_true", help="ask Slurm for the job's hosts")
     d.add_argument("--json", action="store_true", help="print the verdict as JSON")
     d.add_argument("--save-bundle", metavar="DIR", help="write the raw artifacts to DIR")
+    d.add_argument("--ssh-user", help="user to log in as on the nodes (default: inventory, else yours)")
+    d.add_argument(
+        "--ssh-key", metavar="FILE", help="private key file (default: inventory, agent, ~/.ssh keys)"
+    )
+    d.add_argument(
+        "--known-hosts", metavar="FILE", help="known_hosts to verify host keys against (never added to)"
+    )
+    d.add_argument("--jump", metavar="HOST", help="reach the nodes through this bastion ([user@]host[:port])")
+    d.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="seconds to reach one host (default 10)"
+    )
+    d.add_argument("--deadline", type=float, default=120.0, help="seconds for the whole probe (default 120)")
     d.add_argument("--samples", type=int, default=3, help="stack samples per rank (default 3)")
     d.add_argument("--interval", type=float, default=0.7, help="seconds between samples (default 0.7)")
     d.add_argument("-v", "--verbose", action="store_true")
@@ -130,20 +142,23 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
+    import os
+
     from hangdx.playbooks import engine
     from hangdx.probes import bundle
     from hangdx.probes.local import JobNotFound, collect_local, evidence_local
 
     if not JOB_ID.match(args.job_id):
         raise UsageError(f"{args.job_id!r} is not a job id (letters, digits and . _ : @ + - only)")
-    if args.hosts or args.inventory or args.slurm:
-        raise UsageError(
-            "multi-node probing (--hosts, --inventory, --slurm) is not available in this version yet; use --local"
-        )
     if args.samples < 1 or args.samples > 20:
         raise UsageError("--samples takes 1 to 20")
     started = time.monotonic()
-    docs = collect_local(args.job_id, samples=args.samples, interval=max(0.0, args.interval))
+    how = _resolver(args, os.environ.get("HANGDX_RESOLVER", "local"))
+    interval = max(0.0, args.interval)
+    if how == "local":
+        docs = collect_local(args.job_id, samples=args.samples, interval=interval)
+    else:
+        docs = _collect_remote(args, how, interval)
     if args.save_bundle:
         try:
             bundle.save(docs, Path(args.save_bundle), args.job_id)
@@ -157,3 +172,53 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     verdict.elapsed_seconds = time.monotonic() - started
     _print(verdict, args.json, args.verbose)
     return 0
+
+
+def _resolver(args: argparse.Namespace, default: str) -> str:
+    """Where the job's hosts come from: the flags, else HANGDX_RESOLVER."""
+    if args.local:
+        return "local"
+    if args.hosts:
+        return f"hosts:{args.hosts}"
+    if args.inventory:
+        return f"inventory:{args.inventory}"
+    if args.slurm:
+        return "slurm"
+    if default == "local" or default in ("slurm",) or default.startswith(("inventory:", "hosts:")):
+        return default
+    raise UsageError(f"HANGDX_RESOLVER={default!r}: expected local, slurm, inventory:PATH or hosts:H1,H2")
+
+
+def _collect_remote(args: argparse.Namespace, how: str, interval: float) -> list[dict]:
+    from dataclasses import replace
+
+    from hangdx.probes import resolve, ssh
+    from hangdx.probes.hosts import HostError, SshSettings, parse_host
+
+    try:
+        hosts, overrides = resolve.resolve_with_settings(args.job_id, how)
+        settings = SshSettings()
+        for key, value in overrides.items():
+            if hasattr(settings, key) and key != "jump":
+                setattr(settings, key, value)
+        jump = overrides.get("jump")
+        if args.jump:
+            jump = parse_host(args.jump)
+        if args.ssh_user:
+            settings.user = args.ssh_user
+        if args.ssh_key:
+            settings.key_file = args.ssh_key
+        if args.known_hosts:
+            settings.known_hosts = args.known_hosts
+    except (HostError, resolve.ResolveError) as e:
+        raise UsageError(str(e)) from None
+    if not Path(settings.known_hosts).expanduser().is_file():
+        raise UsageError(
+            f"no known_hosts file at {settings.known_hosts}: hangdx verifies every host key and never adds one "
+            "(give --known-hosts FILE, or collect the keys with ssh-keyscan and check their fingerprints)"
+        )
+    settings.connect_timeout = args.connect_timeout
+    settings.deadline = args.deadline
+    if jump is not None:
+        hosts = [h if h.jump else replace(h, jump=jump) for h in hosts]
+    return ssh.fan_out(hosts, settings, args.job_id, samples=args.samples, interval=interval)

@@ -19,7 +19,9 @@ def collect_local(job_id: str, samples: int = 3, interval: float = 0.7) -> list[
 
 
 def evidence_local(docs: list[dict], job_id: str) -> Evidence:
-    if not any(a.get("kind") in ("procstate", "pyspy") for d in docs for a in d.get("artifacts") or []):
+    found = any(a.get("kind") in ("procstate", "pyspy") for d in docs for a in d.get("artifacts") or [])
+    # A host that could not be probed is evidence (it may be the dead node), not an unknown job.
+    if not found and not any(d.get("problem") for d in docs):
         hosts = ", ".join(str(d.get("host")) for d in docs)
         others = sorted({o for d in docs for o in d.get("other_jobs") or []})
         seen = (
