@@ -7,7 +7,9 @@ import re
 from dataclasses import dataclass, field
 
 # user@host:port, host names, IPv4, [IPv6]: nothing a shell would read specially.
-_HOST = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]{1,64})@)?(?P<host>[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$")
+_HOST = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9._-]{1,64})@)?(?P<host>[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$"
+)
 
 
 class HostError(ValueError):
