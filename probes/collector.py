@@ -594,6 +594,7 @@ def collect(
     return {
         "hangdx_collector": COLLECTOR_VERSION,
         "host": host,
+        "node_hostname": socket.gethostname(),
         "job_id": job_id,
         "started": started,
         "finished": time.time(),
@@ -802,8 +803,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--interval", type=float, default=0.7)
     ap.add_argument("--no-hardware", action="store_true")
+    ap.add_argument("--host", help="the name the caller knows this node by (default: its hostname)")
     args = ap.parse_args(argv)
-    doc = collect(args.job_id, args.samples, args.interval, hardware=not args.no_hardware)
+    doc = collect(args.job_id, args.samples, args.interval, host=args.host, hardware=not args.no_hardware)
     json.dump(doc, sys.stdout)
     return 0
 

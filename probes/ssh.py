@@ -44,13 +44,17 @@ class _Problem(Exception):
         self.message = message
 
 
-def collector_script(job_id: str, samples: int, interval: float, hardware: bool = True) -> bytes:
+def collector_script(
+    job_id: str, samples: int, interval: float, hardware: bool = True, host: str | None = None
+) -> bytes:
     """The collector's source plus a trailer calling main() with these arguments, for `python3 -`."""
     source = Path(collector.__file__).read_text(encoding="utf-8")
     source = _MAIN_GUARD.sub("\n", source)  # its own guard would call main() with no arguments
     args = ["--samples", str(int(samples)), "--interval", repr(float(interval))]
     if not hardware:
         args.append("--no-hardware")
+    if host:
+        args += ["--host", host]  # name the node as the user does, in every artifact it returns
     args += ["--", job_id]  # "--": a job id starting with "-" is still the job id
     # json.dumps is pure ASCII; repr() of it is a plain Python string literal: nothing to escape by hand.
     literal = repr(json.dumps(args))
@@ -513,7 +517,7 @@ class _Probe:
                 + (f"; stderr: {last_err}" if last_err else "")
                 + "; fix: check what the node runs for a non-interactive SSH command (ForceCommand, .bashrc)",
             )
-        doc["node_hostname"] = doc.get("host")
+        doc.setdefault("node_hostname", doc.get("host"))
         doc["host"] = name  # what the user called it, not what the node calls itself
         doc["transport"] = "ssh"
         if not isinstance(doc.get("errors"), list):
@@ -572,8 +576,10 @@ def fan_out(
     if not hosts:
         return []
     deadline = time.monotonic() + settings.deadline
-    script = collector_script(job_id, samples, interval, hardware)
-    probes = [_Probe(h, settings, script, deadline) for h in hosts]
+    probes = [
+        _Probe(h, settings, collector_script(job_id, samples, interval, hardware, h.name), deadline)
+        for h in hosts
+    ]
     results: list[dict | None] = [None] * len(hosts)
     lock = threading.Lock()
     queue = iter(range(len(hosts)))
