@@ -112,6 +112,7 @@ def run(ev: Evidence) -> Verdict:
                 statuses.append(m.status)
     if any(f.playbook != "what_next" for f in findings):
         findings = [f for f in findings if f.playbook != "what_next"]
+    _hardware_explains_crash(findings)
     findings.sort(key=lambda f: -f.confidence)
     findings = _distinct(findings)
     status = _status(facts, findings, statuses)
@@ -122,6 +123,16 @@ def run(ev: Evidence) -> Verdict:
         gaps=[f"{g.source}: {g.message}" for g in ev.gaps],
         elapsed_seconds=time.monotonic() - started,
     )
+
+
+def _hardware_explains_crash(findings: list[Finding]) -> None:
+    """A rank that died on a host whose GPU or link failed died of it: the hardware is the root cause."""
+    for crash in [f for f in findings if f.category == "rank_crashed"]:
+        for hw in findings:
+            if hw.category in ("gpu_fault", "network_fault") and set(hw.culprit.hosts) & set(
+                crash.culprit.hosts
+            ):
+                hw.confidence = max(hw.confidence, min(0.97, round(crash.confidence + 0.02, 2)))
 
 
 def _distinct(findings: list[Finding]) -> list[Finding]:

@@ -202,6 +202,9 @@ class Facts:
     odd_ranks: list[int]
     progressing: bool | None
     progress_reason: str = ""
+    missing_hosts: dict[int, str] = field(
+        default_factory=dict
+    )  # missing rank -> the host it was on (inferred)
 
     @property
     def have_stacks(self) -> bool:
@@ -210,8 +213,21 @@ class Facts:
     def ranks_where(self, *kinds: str) -> list[int]:
         return sorted(r for r, v in self.ranks.items() if v.location.kind in kinds)
 
+    def host_of(self, rank: int) -> str | None:
+        v = self.ranks.get(rank)
+        return (v.host if v and v.host else None) or self.missing_hosts.get(rank)
+
     def hosts_of(self, ranks: list[int]) -> list[str]:
-        return sorted({h for r in ranks if (h := self.ranks[r].host if r in self.ranks else None)})
+        return sorted({h for r in ranks if (h := self.host_of(r))})
+
+    def ranks_on(self, hosts: list[str]) -> list[int]:
+        """The job's ranks on these hosts, seen or inferred."""
+        known = set(self.ranks) | set(self.missing)
+        return sorted(r for r in known if self.host_of(r) in hosts)
+
+    @property
+    def unprobed_hosts(self) -> set[str]:
+        return {p.host for p in self.ev.host_problems}
 
 
 def user_frame(frames: list[Frame]) -> Frame | None:
@@ -296,10 +312,11 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     return loc("idle", detail=syscall or "")
 
 
-def _states_by_pid(ev: Evidence) -> dict[int, list[ProcessState]]:
-    out: dict[int, list[ProcessState]] = {}
+def _states_by_pid(ev: Evidence) -> dict[tuple[str | None, int], list[ProcessState]]:
+    """Samples per process; keyed by host too, since PIDs repeat across nodes."""
+    out: dict[tuple[str | None, int], list[ProcessState]] = {}
     for s in ev.processes:
-        out.setdefault(s.pid, []).append(s)
+        out.setdefault((s.host, s.pid), []).append(s)
     for v in out.values():
         v.sort(key=lambda s: s.sampled_at or 0)
     return out
@@ -324,7 +341,7 @@ def derive(ev: Evidence) -> Facts:
             ranks[rank] = RankView(rank)
         return ranks[rank]
 
-    for pid, ss in states.items():
+    for (_, pid), ss in states.items():
         s = ss[-1]
         if s.rank is None:
             continue
@@ -345,7 +362,7 @@ def derive(ev: Evidence) -> Facts:
         v.stacks.append(d)
         v.pid = v.pid or d.pid
         v.host = v.host or d.host
-        v.locations.append(classify(d, _nearest_state(states.get(d.pid or -1, []), d.taken_at)))
+        v.locations.append(classify(d, _nearest_state(states.get((d.host, d.pid or -1), []), d.taken_at)))
     for c in ev.collectives:
         if c.rank is not None:
             view(c.rank).collectives.append(c)
@@ -369,6 +386,7 @@ def derive(ev: Evidence) -> Facts:
     )
     exited = sorted(r for r, v in ranks.items() if v.states and v.alive is False)
 
+    missing_hosts = _infer_hosts(ranks, missing, ev)
     located = {r: v.location for r, v in ranks.items() if v.locations and v.alive}
     crowd, crowd_ranks, odd = _crowd(located)
     progressing, reason = _progress(ranks, crowd_ranks)
@@ -384,7 +402,38 @@ def derive(ev: Evidence) -> Facts:
         odd_ranks=odd,
         progressing=progressing,
         progress_reason=reason,
+        missing_hosts=missing_hosts,
     )
+
+
+def _infer_hosts(ranks: dict[int, RankView], missing: list[int], ev: Evidence) -> dict[int, str]:
+    """Which host a rank nobody saw was on: the block of ranks its neighbours' LOCAL_RANK says a host holds."""
+    if not missing:
+        return {}
+    local = {
+        r: s.local_rank
+        for r, v in ranks.items()
+        for s in v.states[-1:]
+        if s.local_rank is not None and v.host
+    }
+    per_host = max([lr + 1 for lr in local.values()] + [0])
+    out: dict[int, str] = {}
+    if per_host:
+        for r, lr in local.items():
+            base = r - lr
+            for m in missing:
+                if base <= m < base + per_host:
+                    out[m] = ranks[r].host  # type: ignore[assignment]
+    left = [m for m in missing if m not in out]
+    seen_hosts = {v.host for v in ranks.values() if v.host}
+    empty = [h for h in (ev.probed_hosts or ev.hosts) if h not in seen_hosts]
+    if left and len(empty) == 1:
+        out.update({m: empty[0] for m in left})  # one host without ranks: the rest were there
+    elif left and per_host and len(empty) * per_host == len(left):
+        # Several empty hosts: blocks of consecutive ranks, in the order the hosts were given.
+        for i, m in enumerate(sorted(left)):
+            out[m] = empty[i // per_host]
+    return out
 
 
 _WAITING = ("collective", "p2p", "init")

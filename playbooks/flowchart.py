@@ -66,7 +66,11 @@ def _crowd_ctx(facts: Facts) -> dict:
 @playbook("rank_gone", order=10)
 def rank_gone(facts: Facts) -> Iterator[Match]:
     """Are all ranks alive? A rank WORLD_SIZE promises that no probe finds, or whose process exited."""
-    gone = sorted(set(facts.missing) | set(facts.exited))
+    # A rank on a host nobody could probe is unseen, not gone: host_unreachable speaks for it.
+    unseen = {m for m in facts.missing if facts.host_of(m) in facts.unprobed_hosts}
+    if facts.unprobed_hosts and any(facts.host_of(m) is None for m in facts.missing):
+        unseen |= {m for m in facts.missing if facts.host_of(m) is None}
+    gone = sorted((set(facts.missing) - unseen) | set(facts.exited))
     crowd_in_init = facts.crowd is not None and facts.crowd.kind == "init"
     logs = _crash_events(facts)
     if crowd_in_init and not any(e.rank in gone for e in logs):
@@ -557,8 +561,12 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
 
 
 def _ranks_on_gpus(facts: Facts, host: str | None, bus_ids: list[str]) -> list[int]:
+    """Ranks whose process runs on these GPUs; else the ranks of that host that are gone (a GPU fault kills them)."""
     pids = {p for g in facts.ev.gpus if g.host == host and g.bus_id in bus_ids for p in g.pids}
-    return sorted(r for r, v in facts.ranks.items() if v.pid in pids and (host is None or v.host == host))
+    on = sorted(r for r, v in facts.ranks.items() if v.pid in pids and (host is None or v.host == host))
+    if on or host is None:
+        return on
+    return sorted(r for r in set(facts.missing) | set(facts.exited) if facts.host_of(r) == host)
 
 
 _ERROR_COUNTERS = (
@@ -603,7 +611,7 @@ def network_fault(facts: Facts) -> Iterator[Match]:
     yield Match(
         "network_fault",
         conf,
-        Culprit(ranks=[], hosts=hosts, links=list(dict.fromkeys(ports))),
+        Culprit(ranks=facts.ranks_on(hosts), hosts=hosts, links=list(dict.fromkeys(ports))),
         evidence,
         {
             "hosts": hosts,
@@ -751,14 +759,20 @@ def host_unreachable(facts: Facts) -> Iterator[Match]:
         return
     dead = [p for p in problems if p.kind in _DEAD_KINDS]
     blocked = [p for p in problems if p.kind not in _DEAD_KINDS]
-    if dead and facts.missing:
-        # Ranks nobody saw, on hosts nobody could reach: the node (or its ranks) went down.
+
+    def unseen(ps: list) -> list[int]:
+        hosts = {p.host for p in ps}
+        on = [m for m in facts.missing if facts.host_of(m) in hosts]
+        return on or [m for m in facts.missing if facts.host_of(m) is None]
+
+    if dead and unseen(dead):
+        # Ranks nobody saw, on hosts that do not answer at all: the node (or its ranks) went down.
         yield Match(
             "rank_crashed",
             0.8,
-            Culprit(ranks=list(facts.missing), hosts=sorted({p.host for p in dead})),
+            Culprit(ranks=unseen(dead), hosts=sorted({p.host for p in dead})),
             [Quote(f"{p.host}/ssh", 0, p.message) for p in dead] + _crowd_quotes(facts),
-            {**_crowd_ctx(facts), "problems": dead, "missing": facts.missing, "dead": True},
+            {**_crowd_ctx(facts), "problems": dead, "missing": unseen(dead), "dead": True},
             status="hung",
             template="host_unreachable",
         )
@@ -768,9 +782,9 @@ def host_unreachable(facts: Facts) -> Iterator[Match]:
         yield Match(
             "unknown",
             0.35,
-            Culprit(hosts=sorted({p.host for p in blocked})),
+            Culprit(ranks=unseen(blocked), hosts=sorted({p.host for p in blocked})),
             [Quote(f"{p.host}/ssh", 0, p.message) for p in blocked],
-            {**_crowd_ctx(facts), "problems": blocked, "missing": facts.missing, "dead": False},
+            {**_crowd_ctx(facts), "problems": blocked, "missing": unseen(blocked), "dead": False},
             template="host_unreachable",
         )
 
@@ -803,7 +817,8 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
     busy = sum(1 for g in facts.ev.gpus if (g.util_pct or 0) >= 80)
     for g in idle:
         rank = _rank_of_gpu(facts, g)
-        gpu_name = f"{g.host}:GPU{g.index}" if g.host else f"GPU{g.index}"
+        gpu_id = g.bus_id or f"GPU{g.index}"
+        gpu_name = f"{g.host}:{gpu_id}" if g.host else gpu_id  # as gpu_fault names GPUs: host:bus id
         ranks = [rank] if rank is not None else []
         where = (
             facts.ranks[rank].location.describe() if rank is not None and facts.ranks[rank].locations else ""
@@ -822,7 +837,7 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
             evidence + _crowd_quotes(facts, 1),
             {
                 **_crowd_ctx(facts),
-                "gpu": gpu_name,
+                "gpu": f"GPU {g.index} ({g.bus_id}) on {g.host}" if g.host else f"GPU {g.index} ({g.bus_id})",
                 "util": g.util_pct,
                 "busy": busy,
                 "rank": rank,
@@ -856,7 +871,9 @@ def mtu_mismatch(facts: Facts) -> Iterator[Match]:
         yield Match(
             "network_fault",
             0.8,
-            Culprit(hosts=odd_hosts, links=[f"{h}:{ifname}" for h in odd_hosts]),
+            Culprit(
+                ranks=facts.ranks_on(odd_hosts), hosts=odd_hosts, links=[f"{h}:{ifname}" for h in odd_hosts]
+            ),
             [hosts[h].quote for h in odd_hosts if hosts[h].quote]
             + [hosts[h].quote for h in mtus[common][:1] if hosts[h].quote],
             {

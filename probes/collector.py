@@ -783,15 +783,21 @@ def _collect_host(host: str, add, errors: list[dict]) -> None:
 
 def _ib_ports(ibstat: str | None) -> list[tuple[str, int]]:
     """(CA, port) pairs from ibstat's output."""
-    ports, ca = [], None
+    ports, ca, port = [], None, None
     for line in (ibstat or "").splitlines():
         m = re.match(r"^CA '([^']+)'", line)
         if m:
-            ca = m.group(1)
+            ca, port = m.group(1), None
             continue
         m = re.match(r"^\s+Port (\d+):", line)
         if m and ca and re.match(r"^[A-Za-z0-9_.-]+$", ca):
-            ports.append((ca, int(m.group(1))))
+            port = (ca, int(m.group(1)))
+            ports.append(port)
+            continue
+        # RoCE ports (Ethernet link layer) have no InfiniBand counters for perfquery to read.
+        if port is not None and re.match(r"^\s+Link layer:\s*Ethernet", line):
+            ports.remove(port)
+            port = None
     return ports
 
 

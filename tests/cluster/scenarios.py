@@ -451,9 +451,12 @@ def xid79(nodes: int = 2, ranks_per_node: int = 2, fault: str = "rank_killed", r
 
 
 def sshd_down(
-    nodes: int = 2, ranks_per_node: int = 2, fault: str = "skip_collective", down: int = 1
+    nodes: int = 4, ranks_per_node: int = 1, fault: str = "skip_collective", down: int = 3
 ) -> Scenario:
-    """Node `down` (0-based) cannot be reached (its sshd is down; its ranks run): the rest is still diagnosed."""
+    """Node `down` (0-based) cannot be reached (its sshd is down; its ranks run): the rest is still diagnosed.
+
+    Four one-rank nodes: with one node unseen, three ranks remain, enough to tell the odd one out.
+    """
     specs = {down: NodeSpec(sshd=False)}
     f = FAULTS[fault]
     expected = _zoo_expected(fault, ranks_per_node)
