@@ -158,6 +158,25 @@ def _pgid_of(pid: int) -> int | None:
         return None
 
 
+def steps_done(workdir: Path, rank: int) -> int:
+    """How many steps a straggler-type rank reports having finished."""
+    try:
+        return int((workdir / f"rank{rank}.step").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def reached_fault(workdir: Path, fault: Fault, world_size: int, rank_alive: Callable[[int], bool]) -> bool:
+    """Has every rank reached the place the fault leaves it (or, for a job that crawls, done 3 steps)?"""
+    ranks = range(world_size)
+    if not fault.hangs:
+        return all(steps_done(workdir, r) >= 3 for r in ranks)
+    if not all((workdir / f"rank{r}.stuck").exists() for r in ranks):
+        return False
+    killed = _KILLED_RANK.get(fault.name)
+    return killed is None or not rank_alive(killed)
+
+
 class ZooJob:
     """A running zoo job: one process (and session) per rank; `with ZooJob(...) as job:` starts and stops it."""
 
@@ -259,20 +278,10 @@ class ZooJob:
             parts.append(f"--- rank {rank} (pid {self.pids.get(rank)}) ---\n{tail}")
         return "\n".join(parts)
 
-    def _steps(self, rank: int) -> int:
-        try:
-            return int((self.workdir / f"rank{rank}.step").read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
     def _ready(self) -> bool:
-        ranks = range(self.world_size)
-        if not self.fault.hangs:
-            return all(self._steps(r) >= 3 for r in ranks)
-        if not all((self.workdir / f"rank{r}.stuck").exists() for r in ranks):
-            return False
-        killed = _KILLED_RANK.get(self.fault.name)
-        return killed is None or self._procs[killed].poll() is not None
+        return reached_fault(
+            self.workdir, self.fault, self.world_size, lambda r: self._procs[r].poll() is None
+        )
 
     def wait_until_stuck(self, timeout: float = 90) -> None:
         """Block until every rank sits where the fault leaves it (or, for straggler, has done 3 steps)."""

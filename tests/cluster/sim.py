@@ -214,9 +214,9 @@ class Cluster:
     ) -> None:
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-        if nodes < 1 or ranks_per_node < 1 or nodes > 200:
-            raise ValueError("need 1..200 nodes and at least one rank per node")
-        if nodes * ranks_per_node < 4:
+        if nodes < 1 or ranks_per_node < 0 or nodes > 200:
+            raise ValueError("need 1..200 nodes")
+        if ranks_per_node and nodes * ranks_per_node < 4:  # 0 ranks: bare nodes (the fan-out benchmark)
             raise ValueError("the zoo's faults need a world of at least 4 ranks")
         self.fault = FAULTS[fault]
         self.nodes = nodes
@@ -275,7 +275,7 @@ class Cluster:
             self._write_inventory()
             for host in self.hosts:
                 self._boot(host)
-            self._wait_booted()
+            self._wait_booted(timeout=max(20.0, 0.5 * self.nodes))
         except BaseException:
             self.stop()
             raise
@@ -514,20 +514,8 @@ class Cluster:
         """rank -> whether its process is still running (zombies count as gone)."""
         return {rank: pid_alive(pid) for rank, pid in self.pids.items()}
 
-    def _steps(self, rank: int) -> int:
-        try:
-            return int((self.workdir / f"rank{rank}.step").read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
     def _ready(self) -> bool:
-        ranks = range(self.world_size)
-        if not self.fault.hangs:
-            return all(self._steps(r) >= 3 for r in ranks)
-        if not all((self.workdir / f"rank{r}.stuck").exists() for r in ranks):
-            return False
-        killed = zoo._KILLED_RANK.get(self.fault.name)
-        return killed is None or not pid_alive(self.pids[killed])
+        return zoo.reached_fault(self.workdir, self.fault, self.world_size, lambda r: pid_alive(self.pids[r]))
 
     def wait_until_stuck(self, timeout: float = 120) -> None:
         """Block until every rank sits where the fault leaves it (straggler: until every rank did 3 steps)."""

@@ -66,3 +66,32 @@ def test_multi_node_scenario_names_category_culprit_rank_and_host(name, tmp_path
     )
     again = json.loads(later.stdout)["root_cause"]
     assert (again["category"], again["culprit"]["ranks"]) == (rc["category"], rc["culprit"]["ranks"])
+
+
+def test_hosts_flag_reaches_nodes_and_unknown_host_keys_are_refused(tmp_path):
+    from .sim import Cluster
+
+    with Cluster(2, 2, fault="uneven_data") as cluster:
+        cluster.wait_until_stuck()
+        hosts = ",".join(f"root@{cluster.addresses[h]}:{cluster.port}" for h in cluster.hosts)
+        common = ["--hosts", hosts, "--ssh-key", cluster.key_file, "--json"]
+        good = diagnose(cluster.job_id, *common, "--known-hosts", cluster.known_hosts)
+        empty = tmp_path / "known_hosts"
+        empty.write_text("")
+        refused = diagnose(cluster.job_id, *common, "--known-hosts", str(empty))
+        missing = diagnose(cluster.job_id, *common, "--known-hosts", str(tmp_path / "nope"))
+    assert good.returncode == 0, good.stderr
+    rc = json.loads(good.stdout)["root_cause"]
+    assert (rc["category"], rc["culprit"]["ranks"]) == ("conditional_collective", [3]), rc["summary"]
+    assert rc["culprit"]["hosts"] == [cluster.addresses[cluster.hosts[1]]]
+
+    assert refused.returncode == 0, refused.stderr
+    v = json.loads(refused.stdout)
+    assert v["root_cause"]["category"] == "unknown"
+    assert sorted(v["root_cause"]["culprit"]["hosts"]) == sorted(cluster.addresses.values())
+    assert "ssh-keyscan" in v["root_cause"]["summary"] + v["root_cause"]["fix"]
+    assert not any(f["category"] == "rank_crashed" for f in v["findings"]), (
+        "unseen ranks are not crashed ranks"
+    )
+
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "known_hosts" in missing.stderr

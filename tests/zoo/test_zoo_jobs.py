@@ -10,23 +10,10 @@ import time
 
 import pytest
 
+from hangdx.playbooks import verdict
 from hangdx.zoo.launch import DEFAULT_FAULT, FAULTS, ZooJob, group_members, pid_alive
 
-CATEGORIES = {
-    "conditional_collective",
-    "collective_mismatch",
-    "rank_crashed",
-    "dataloader_stall",
-    "io_stall",
-    "user_deadlock",
-    "p2p_deadlock",
-    "ddp_unused_parameters",
-    "gpu_fault",
-    "network_fault",
-    "comm_init_failure",
-    "straggler",
-    "unknown",
-}
+CATEGORIES = set(verdict.CATEGORIES)
 
 # fault -> rank -> strings that rank's py-spy dump must contain (None: the process must be gone).
 EXPECTED_STACKS: dict[str, dict[int, tuple[str, ...] | None]] = {
