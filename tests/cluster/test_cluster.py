@@ -265,20 +265,20 @@ def test_xid79_node_fails_nvidia_smi_and_logs_the_xid_with_the_rank_pid() -> Non
 def test_sshd_down_node_refuses_connections_while_its_ranks_run() -> None:
     scenario = scenarios.sshd_down()
     with running(scenario) as c:
-        check_nodes(c, ["node-01"])
-        r = c.ssh("node-02", "hostname")
+        check_nodes(c, ["node-01", "node-02", "node-03"])
+        r = c.ssh("node-04", "hostname")
         assert r.returncode == 255 and "Connection refused" in r.stderr
         assert c.alive() == {0: True, 1: True, 2: True, 3: True}
         inventory = yaml.safe_load(Path(c.inventory_file).read_text())
-        assert inventory["jobs"] == {c.job_id: {"hosts": ["node-01", "node-02"]}}
-        assert inventory["hosts"]["node-02"] == {
-            "address": "127.0.0.12",
+        assert inventory["jobs"] == {c.job_id: {"hosts": ["node-01", "node-02", "node-03", "node-04"]}}
+        assert inventory["hosts"]["node-04"] == {
+            "address": "127.0.0.14",
             "port": c.port,
             "user": "root",
             "key_file": c.key_file,
         }
         assert inventory["ssh"] == {"known_hosts": c.known_hosts, "key_file": c.key_file}
-        assert scenario.expected["unreachable"] == ["node-02"]
+        assert scenario.expected["unreachable"] == ["node-04"]
 
 
 # --- scenario 5: MTU mismatch ----------------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def test_scenarios_expected_values() -> None:
         assert s.nodes * s.ranks_per_node == 4  # quick to start on 2 cores
         assert all(isinstance(v, NodeSpec) for v in s.node_specs.values())
     with pytest.raises(ValueError):
-        scenarios.sshd_down(down=0)  # the culprit (rank 1) would be on the unreachable node
+        scenarios.sshd_down(down=1)  # the culprit (rank 1) would be on the unreachable node
 
 
 def test_quiet_kernel_log_has_no_fault() -> None:
