@@ -7,7 +7,6 @@ input (one line naming the problem), 1 on internal error.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -15,9 +14,6 @@ from pathlib import Path
 from rich.console import Console
 
 from hangdx import __version__
-
-# A job id reaches /proc scans, file names and, later, remote commands: keep it to a safe alphabet.
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 
 
 class UsageError(Exception):
@@ -144,31 +140,31 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import os
 
-    from hangdx.playbooks import engine
+    from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, collect, verdict_of
     from hangdx.probes import bundle
-    from hangdx.probes.local import JobNotFound, collect_local, evidence_local
 
-    if not JOB_ID.match(args.job_id):
-        raise UsageError(f"{args.job_id!r} is not a job id (letters, digits and . _ : @ + - only)")
-    if args.samples < 1 or args.samples > 20:
-        raise UsageError("--samples takes 1 to 20")
     started = time.monotonic()
-    how = _resolver(args, os.environ.get("HANGDX_RESOLVER", "local"))
-    interval = max(0.0, args.interval)
-    if how == "local":
-        docs = collect_local(args.job_id, samples=args.samples, interval=interval)
-    else:
-        docs = _collect_remote(args, how, interval)
-    if args.save_bundle:
-        try:
-            bundle.save(docs, Path(args.save_bundle), args.job_id)
-        except OSError as e:
-            raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror}") from None
+    opts = DiagnoseOptions(
+        how=_resolver(args, os.environ.get("HANGDX_RESOLVER", "local")),
+        samples=args.samples,
+        interval=args.interval,
+        ssh_user=args.ssh_user,
+        ssh_key=args.ssh_key,
+        known_hosts=args.known_hosts,
+        jump=args.jump,
+        connect_timeout=args.connect_timeout,
+        deadline=args.deadline,
+    )
     try:
-        ev = evidence_local(docs, args.job_id)
-    except JobNotFound as e:
+        docs = collect(args.job_id, opts)
+        if args.save_bundle:
+            try:
+                bundle.save(docs, Path(args.save_bundle), args.job_id)
+            except OSError as e:
+                raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror}") from None
+        verdict = verdict_of(docs, args.job_id)
+    except DiagnosisError as e:
         raise UsageError(str(e)) from None
-    verdict = engine.run(ev)
     verdict.elapsed_seconds = time.monotonic() - started
     _print(verdict, args.json, args.verbose)
     return 0
@@ -184,41 +180,4 @@ def _resolver(args: argparse.Namespace, default: str) -> str:
         return f"inventory:{args.inventory}"
     if args.slurm:
         return "slurm"
-    if default == "local" or default in ("slurm",) or default.startswith(("inventory:", "hosts:")):
-        return default
-    raise UsageError(f"HANGDX_RESOLVER={default!r}: expected local, slurm, inventory:PATH or hosts:H1,H2")
-
-
-def _collect_remote(args: argparse.Namespace, how: str, interval: float) -> list[dict]:
-    from dataclasses import replace
-
-    from hangdx.probes import resolve, ssh
-    from hangdx.probes.hosts import HostError, SshSettings, parse_host
-
-    try:
-        hosts, overrides = resolve.resolve_with_settings(args.job_id, how)
-        settings = SshSettings()
-        for key, value in overrides.items():
-            if hasattr(settings, key) and key != "jump":
-                setattr(settings, key, value)
-        jump = overrides.get("jump")
-        if args.jump:
-            jump = parse_host(args.jump)
-        if args.ssh_user:
-            settings.user = args.ssh_user
-        if args.ssh_key:
-            settings.key_file = args.ssh_key
-        if args.known_hosts:
-            settings.known_hosts = args.known_hosts
-    except (HostError, resolve.ResolveError) as e:
-        raise UsageError(str(e)) from None
-    if not Path(settings.known_hosts).expanduser().is_file():
-        raise UsageError(
-            f"no known_hosts file at {settings.known_hosts}: hangdx verifies every host key and never adds one "
-            "(give --known-hosts FILE, or collect the keys with ssh-keyscan and check their fingerprints)"
-        )
-    settings.connect_timeout = args.connect_timeout
-    settings.deadline = args.deadline
-    if jump is not None:
-        hosts = [h if h.jump else replace(h, jump=jump) for h in hosts]
-    return ssh.fan_out(hosts, settings, args.job_id, samples=args.samples, interval=interval)
+    return default

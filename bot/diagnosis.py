@@ -1,0 +1,103 @@
+"""One diagnosis, whoever asks (the command line, a Slack command, an alert, a queued job):
+find the job's hosts, collect the evidence, run the playbooks."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hangdx.playbooks import engine
+from hangdx.playbooks.verdict import Verdict
+from hangdx.probes.local import JobNotFound, collect_local, evidence_local
+
+# A job id reaches /proc scans, file names, Slack messages and remote scripts: keep it to a safe alphabet.
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+RESOLVERS = "local, slurm, inventory:PATH or hosts:H1,H2"
+
+
+class DiagnosisError(Exception):
+    """The request cannot be carried out as asked (unknown job, bad resolver, no known_hosts): one line."""
+
+
+@dataclass
+class DiagnoseOptions:
+    how: str = "local"  # local | slurm | inventory:PATH | hosts:H1,H2 (HANGDX_RESOLVER's syntax)
+    samples: int = 3
+    interval: float = 0.7
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+    jump: str | None = None
+    connect_timeout: float = 10.0
+    deadline: float = 120.0
+
+
+def check_job_id(job_id: str) -> str:
+    if not JOB_ID.match(job_id or ""):
+        raise DiagnosisError(f"{job_id!r} is not a job id (letters, digits and . _ : @ + - only)")
+    return job_id
+
+
+def check_resolver(how: str) -> str:
+    if how in ("local", "slurm") or how.startswith(("inventory:", "hosts:")):
+        return how
+    raise DiagnosisError(f"resolver {how!r}: expected {RESOLVERS}")
+
+
+def collect(job_id: str, opts: DiagnoseOptions) -> list[dict]:
+    """Collector documents, one per host, for the job."""
+    check_job_id(job_id)
+    if not 1 <= opts.samples <= 20:
+        raise DiagnosisError("samples: 1 to 20")
+    how = check_resolver(opts.how)
+    interval = max(0.0, opts.interval)
+    if how == "local":
+        return collect_local(job_id, samples=opts.samples, interval=interval)
+    return _collect_remote(job_id, how, opts, interval)
+
+
+def verdict_of(docs: list[dict], job_id: str) -> Verdict:
+    try:
+        ev = evidence_local(docs, job_id)
+    except JobNotFound as e:
+        raise DiagnosisError(str(e)) from None
+    return engine.run(ev)
+
+
+def diagnose(job_id: str, opts: DiagnoseOptions) -> tuple[Verdict, list[dict]]:
+    """The verdict and the raw documents it came from (a bundle to keep)."""
+    started = time.monotonic()
+    docs = collect(job_id, opts)
+    verdict = verdict_of(docs, job_id)
+    verdict.elapsed_seconds = time.monotonic() - started
+    return verdict, docs
+
+
+def _collect_remote(job_id: str, how: str, opts: DiagnoseOptions, interval: float) -> list[dict]:
+    from hangdx.probes import resolve, ssh
+    from hangdx.probes.hosts import HostError, SshSettings, parse_host
+
+    try:
+        hosts, overrides = resolve.resolve_with_settings(job_id, how)
+        settings = SshSettings()
+        for key, value in overrides.items():
+            if hasattr(settings, key):
+                setattr(settings, key, value)
+        jump = parse_host(opts.jump) if opts.jump else None
+        settings.user = opts.ssh_user or settings.user
+        settings.key_file = opts.ssh_key or settings.key_file
+        settings.known_hosts = opts.known_hosts or settings.known_hosts
+    except (HostError, resolve.ResolveError) as e:
+        raise DiagnosisError(str(e)) from None
+    if not Path(settings.known_hosts).expanduser().is_file():
+        raise DiagnosisError(
+            f"no known_hosts file at {settings.known_hosts}: hangdx verifies every host key and never adds one "
+            "(give --known-hosts FILE, or collect the keys with ssh-keyscan and check their fingerprints)"
+        )
+    settings.connect_timeout = opts.connect_timeout
+    settings.deadline = opts.deadline
+    if jump is not None:
+        hosts = [h if h.jump else replace(h, jump=jump) for h in hosts]
+    return ssh.fan_out(hosts, settings, job_id, samples=opts.samples, interval=interval)

@@ -1,0 +1,27 @@
+"""A request for a diagnosis: what a Slack command, a mention, an alert, a button or the CLI all become."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SOURCES = ("slash", "mention", "alert", "button", "cli", "schedule")
+
+
+@dataclass
+class DiagnoseRequest:
+    job_id: str
+    source: str  # one of SOURCES
+    requested_by: str  # a Slack user id, "alertmanager", "cli:<user>"
+    channel: str | None = None  # where to answer (Slack channel id)
+    thread_ts: str | None = None  # the thread to answer in, when there is one
+    hosts: list[str] = field(default_factory=list)  # hosts named by an alert; else the resolver decides
+    summary: str | None = None  # an alert's own words
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DiagnoseRequest:
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
