@@ -48,7 +48,7 @@ def run_demo(args: argparse.Namespace) -> int:
     spec = FAULTS[fault]
     # Ctrl-C, `timeout` (SIGTERM) and a closed terminal all end the job's processes.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    job = ZooJob(fault, world_size=args.world_size, ptracer_pid=os.getpid())
+    job = ZooJob(fault, world_size=args.world_size, ptracer_pid=os.getpid(), control_plane=True)
     try:
         out.print(
             f"[bold]hangdx demo[/]: starting a {args.world_size}-rank gloo job with fault [cyan]{fault}[/] ({spec.description})"

@@ -357,6 +357,7 @@ def _elsewhere_match(facts: Facts, template: str, category: str, conf: float, ra
                 evidence.append(q)
         threads[r] = _other_threads(v)
     evidence += _crowd_quotes(facts)
+    evidence += _seq_quotes(facts, ranks)
     return Match(
         category,
         conf,
@@ -410,14 +411,38 @@ def _other_threads(v: RankView) -> list[str]:
 
 
 def _seq_note(facts: Facts, ranks: list[int]) -> str:
-    last = _last_seq(facts)
-    if not last or not any(r in last for r in ranks):
+    """What the Flight Recorder (or NCCL/watchdog records) says about the culprits' collective sequence."""
+    last = _last_records(facts)
+    mine = [last[r] for r in ranks if r in last]
+    others = [c for r, c in last.items() if r not in ranks]
+    if not mine or not others:
         return ""
-    others = [s for r, s in last.items() if r not in ranks]
-    if not others:
-        return ""
-    mine = {r: last[r] for r in ranks if r in last}
-    return f"last collective sequence number {mine} vs {max(others)} on the others"
+    top = max(c.seq for c in others)
+    at_top = sorted({c.op for c in others if c.seq == top})
+    names = ", ".join(str(r) for r in ranks)
+    if all(c.seq == top for c in mine) and {c.op for c in mine} - set(at_top):
+        ops = ", ".join(sorted({c.op for c in mine}))
+        return f"Collective records agree: at #{top} rank {names} issued {ops} where the others issued {', '.join(at_top)}"
+    behind = [c for c in mine if c.seq < top]
+    if behind:
+        return f"Collective records agree: rank {names} stopped at #{max(c.seq for c in behind)} while the others reached #{top}"
+    return ""
+
+
+def _last_records(facts: Facts) -> dict[int, object]:
+    """Each rank's latest collective record (the one it is in, or last did)."""
+    out = {}
+    for r, v in facts.ranks.items():
+        recs = [c for c in v.collectives if c.seq is not None and c.op not in ("send", "recv")]
+        if recs:
+            out[r] = max(recs, key=lambda c: c.seq)
+    return out
+
+
+def _seq_quotes(facts: Facts, ranks: list[int]) -> list[Quote]:
+    last = _last_records(facts)
+    picks = [r for r in ranks if r in last] + [r for r in sorted(last) if r not in ranks][:1]
+    return [q for r in picks if (q := getattr(last[r], "quote", None))]
 
 
 def _last_seq(facts: Facts) -> dict[int, int]:

@@ -279,6 +279,7 @@ _KEPT_ENV = (
     "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
     "TORCH_FR_BUFFER_SIZE",
     "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "TORCH_WORKER_SERVER_SOCKET",
     "TORCH_DISTRIBUTED_DEBUG",
     "CUDA_VISIBLE_DEVICES",
     "SLURM_JOB_ID",
@@ -484,6 +485,30 @@ def _run(cmd: list[str], timeout: float = CMD_TIMEOUT) -> tuple[str | None, str 
     return text, None
 
 
+def fetch_fr_trace(socket_path: str, timeout: float = 5.0) -> tuple[str | None, str | None]:
+    """A live rank's Flight Recorder as JSON, from torch's control plane (worker_main's unix socket)."""
+    import http.client
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(socket_path)
+
+    conn = UnixConnection("localhost", timeout=timeout)
+    try:
+        conn.request("POST", "/handler/fr_trace_json")
+        resp = conn.getresponse()
+        body = resp.read(64 << 20).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as e:
+        return None, "control-plane socket %s did not answer: %s" % (socket_path, e)
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return None, "control-plane socket %s answered %d: %s" % (socket_path, resp.status, body[:200])
+    return body, None
+
+
 def _expand_nccl_path(pattern: str, host: str, pid: int) -> str:
     # NCCL_DEBUG_FILE understands %h (hostname) and %p (pid).
     return pattern.replace("%h", host).replace("%p", str(pid))
@@ -639,6 +664,13 @@ def _collect_rank_files(procs: list[dict], host: str, add, errors: list[dict]) -
             elif path not in seen:
                 seen.add(path)
                 add(f"nccl-rank{rank}.log", "nccl_log", data.decode("utf-8", "replace"), rank, pid)
+        sock = env.get("TORCH_WORKER_SERVER_SOCKET")
+        if sock:
+            dump, err = fetch_fr_trace(sock)
+            if dump:
+                add("fr-rank%s.json" % rank, "flight_recorder", dump, rank, pid)
+            else:
+                errors.append({"source": "flight recorder", "message": "rank %s: %s" % (rank, err)})
         for key in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
             prefix = env.get(key)
             if not prefix:

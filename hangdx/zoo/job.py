@@ -520,7 +520,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     me = Rank(Path(args.workdir))
     me.log(f"pid {os.getpid()} fault {args.fault} world {me.world}")
-    FAULTS[args.fault](me)
+    if os.environ.get("TORCH_WORKER_SERVER_SOCKET"):
+        # torch's control plane: serves this rank's Flight Recorder (and more) on a unix socket.
+        from torch.distributed.elastic.control_plane import worker_main
+
+        with worker_main():
+            FAULTS[args.fault](me)
+    else:
+        FAULTS[args.fault](me)
     me.log("finished")
     return 0
 

@@ -187,6 +187,7 @@ class ZooJob:
         job_id: str | None = None,
         workdir: str | None = None,
         ptracer_pid: int | None = None,
+        control_plane: bool = False,
     ) -> None:
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
@@ -199,6 +200,7 @@ class ZooJob:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="hangdx-zoo-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.ptracer_pid = ptracer_pid
+        self.control_plane = control_plane  # ranks serve their Flight Recorder on a unix socket
         self.pids: dict[int, int] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._started = False
@@ -228,6 +230,8 @@ class ZooJob:
         )
         if self.ptracer_pid is not None:
             env["HANGDX_PTRACER"] = str(self.ptracer_pid)
+        if self.control_plane:
+            env["TORCH_WORKER_SERVER_SOCKET"] = str(self.workdir / f"rank{rank}.sock")
         return env
 
     def start(self) -> None:

@@ -1,0 +1,102 @@
+"""The bot's settings, read from the environment (CONTRACTS.md, "The bot") and checked up front."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from hangdx.bot.diagnosis import DiagnosisError, check_resolver
+
+DEFAULT_API_URL = "https://slack.com/api/"
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+_CHANNEL = re.compile(r"^[CGD][A-Z0-9]{2,}$")
+_USER = re.compile(r"^[UW][A-Z0-9]{2,}$")
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed: one line naming the variable."""
+
+
+def _list(raw: str | None, name: str, pattern: re.Pattern[str]) -> frozenset[str]:
+    items = [x.strip() for x in (raw or "").split(",") if x.strip()]
+    for item in items:
+        if not pattern.match(item):
+            raise ConfigError(f"{name}: {item!r} is not a Slack id")
+    return frozenset(items)
+
+
+@dataclass(frozen=True)
+class BotConfig:
+    bot_token: str | None = None
+    signing_secret: str | None = None
+    app_token: str | None = None
+    api_url: str = DEFAULT_API_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    alert_channel: str | None = None
+    alert_token: str | None = None
+    resolver: str = "local"
+    allowed_users: frozenset[str] = field(default_factory=frozenset)  # empty = everyone
+    allowed_channels: frozenset[str] = field(default_factory=frozenset)  # empty = everywhere
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BotConfig:
+        """Read and check every variable; raise ConfigError on the first bad one."""
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            return (env.get(name) or "").strip() or None
+
+        bot_token = get("SLACK_BOT_TOKEN")
+        if bot_token and not bot_token.startswith("xoxb-"):
+            raise ConfigError("SLACK_BOT_TOKEN: expected a bot token (xoxb-...)")
+        app_token = get("SLACK_APP_TOKEN")
+        if app_token and not app_token.startswith("xapp-"):
+            raise ConfigError("SLACK_APP_TOKEN: expected an app-level token (xapp-...)")
+        api_url = get("SLACK_API_URL") or DEFAULT_API_URL
+        u = urlparse(api_url)
+        if u.scheme not in ("http", "https") or not u.netloc:
+            raise ConfigError(f"SLACK_API_URL: {api_url!r} is not an http(s) URL")
+        redis_url = get("REDIS_URL") or DEFAULT_REDIS_URL
+        if urlparse(redis_url).scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(f"REDIS_URL: {redis_url!r} is not a redis://, rediss:// or unix:// URL")
+        alert_channel = get("HANGDX_ALERT_CHANNEL")
+        if alert_channel and not _CHANNEL.match(alert_channel):
+            raise ConfigError(f"HANGDX_ALERT_CHANNEL: {alert_channel!r} is not a channel id (C...)")
+        alert_token = get("HANGDX_ALERT_TOKEN")
+        if alert_token and len(alert_token) < 16:
+            raise ConfigError("HANGDX_ALERT_TOKEN: use at least 16 characters")
+        try:
+            resolver = check_resolver(get("HANGDX_RESOLVER") or "local")
+        except DiagnosisError as e:
+            raise ConfigError(f"HANGDX_RESOLVER: {e}") from None
+        return cls(
+            bot_token=bot_token,
+            signing_secret=get("SLACK_SIGNING_SECRET"),
+            app_token=app_token,
+            # WebClient joins method names onto base_url: it must end with a slash.
+            api_url=api_url.rstrip("/") + "/",
+            redis_url=redis_url,
+            alert_channel=alert_channel,
+            alert_token=alert_token,
+            resolver=resolver,
+            allowed_users=_list(env.get("HANGDX_ALLOWED_USERS"), "HANGDX_ALLOWED_USERS", _USER),
+            allowed_channels=_list(env.get("HANGDX_ALLOWED_CHANNELS"), "HANGDX_ALLOWED_CHANNELS", _CHANNEL),
+        )
+
+    def require_slack(self) -> None:
+        """`serve` needs the app's credentials; the CLI does not."""
+        if not self.bot_token:
+            raise ConfigError("SLACK_BOT_TOKEN is not set")
+        if not self.signing_secret and not self.app_token:
+            raise ConfigError("SLACK_SIGNING_SECRET is not set (or set SLACK_APP_TOKEN for Socket Mode)")
+
+    def refusal(self, user: str | None, channel: str | None) -> str | None:
+        """Why this user in this channel may not use the bot, or None when they may."""
+        if self.allowed_users and user not in self.allowed_users:
+            return "You are not on hangdx's list of allowed users (HANGDX_ALLOWED_USERS); ask the on-call lead."
+        if self.allowed_channels and channel not in self.allowed_channels:
+            return "hangdx does not run diagnoses in this channel (HANGDX_ALLOWED_CHANNELS); use an on-call channel."
+        return None
