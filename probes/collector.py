@@ -792,7 +792,7 @@ def _collect_host(host: str, add, errors: list[dict]) -> None:
         if not out:
             errors.append({"source": "kernel log", "message": f"no kernel log: {err}; {err2}"})
     if out:
-        add("kernel.log", "kernel_log", "\n".join(out.splitlines()[-5000:]))
+        add("kernel.log", "kernel_log", kernel_excerpt(out))
     if shutil.which("perfquery"):
         ports = _ib_ports(out_ibstat) or [(None, None)]
         blocks = []
@@ -811,6 +811,22 @@ def _collect_host(host: str, add, errors: list[dict]) -> None:
                     errors.append({"source": "perfquery", "message": err})
         if blocks:
             add("perfquery.txt", "perfquery", "\n".join(blocks))
+
+
+_KERNEL_SIGNS = re.compile(
+    r"Xid|NVRM|nvidia|mlx[45]|infiniband|\bib\d|Link (?:is )?(?:down|up)|Out of memory|oom-kill|oom_reaper|"
+    r"blocked for more than|hung_task|nfs: server|lustre|gpfs|segfault|general protection|AER|PCIe Bus Error|"
+    r"Cable|link flap|NETDEV WATCHDOG|watchdog: BUG",
+    re.I,
+)
+
+
+def kernel_excerpt(text: str, scan: int = 20000, tail: int = 200) -> str:
+    """The kernel-log lines that can name a fault (of the last `scan`), plus the last `tail` lines, in order."""
+    lines = text.splitlines()[-scan:]
+    keep = [i for i, line in enumerate(lines) if _KERNEL_SIGNS.search(line)]
+    wanted = sorted(set(keep[-3000:]) | set(range(max(0, len(lines) - tail), len(lines))))
+    return "\n".join(lines[i] for i in wanted)
 
 
 def _ib_ports(ibstat: str | None) -> list[tuple[str, int]]:

@@ -177,3 +177,24 @@ def test_nvml_state_is_read_as_nvidia_smi_csv(monkeypatch):
     assert [g.index for g in idle] == [2]
     assert idle[0].bus_id == "0000:1d:00.0"
     assert 4102 in idle[0].pids or any(e.fields.get("pid") == 4102 for e in ev.events_of("gpu_process"))
+
+
+def test_kernel_log_excerpt_keeps_every_fault_line_and_the_tail():
+    from pathlib import Path
+
+    from hangdx.probes.model import Evidence, Source
+    from hangdx.probes.registry import parse_artifact
+
+    fixture = Path(__file__).parent.parent / "fixtures" / "kernel_log" / "dmesg_T_ecc_oom.txt"
+    noise = "\n".join(
+        f"[Sun Nov 22 01:{i // 60 % 60:02d}:{i % 60:02d} 2026] usb 1-1: reset device {i}"
+        for i in range(30000)
+    )
+    text = noise + "\n" + fixture.read_text()
+    excerpt = collector.kernel_excerpt(text)
+    assert len(excerpt) < len(text) / 20
+    full, cut = Evidence(), Evidence()
+    parse_artifact(text.encode(), Source("k", host="n"), full)
+    parse_artifact(excerpt.encode(), Source("k", host="n"), cut)
+    kinds = lambda ev: sorted((e.kind, e.fields.get("xid")) for e in ev.events)  # noqa: E731
+    assert kinds(cut) == kinds(full) and any(k == "xid" for k, _ in kinds(cut))
