@@ -44,10 +44,6 @@ def _crowd_quotes(facts: Facts, limit: int = 2) -> list[Quote]:
     return out
 
 
-def _events_for(facts: Facts, ranks: list[int], *kinds: str) -> list[LogEvent]:
-    return [e for e in facts.ev.events_of(*kinds) if e.rank in ranks]
-
-
 def _hung(facts: Facts) -> bool:
     return facts.progressing is not True
 
@@ -443,15 +439,6 @@ def _seq_quotes(facts: Facts, ranks: list[int]) -> list[Quote]:
     last = _last_records(facts)
     picks = [r for r in ranks if r in last] + [r for r in sorted(last) if r not in ranks][:1]
     return [q for r in picks if (q := getattr(last[r], "quote", None))]
-
-
-def _last_seq(facts: Facts) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for r, v in facts.ranks.items():
-        seqs = [c.seq for c in v.collectives if c.seq is not None and c.op not in ("send", "recv")]
-        if seqs:
-            out[r] = max(seqs)
-    return out
 
 
 @playbook("timeout_report", order=58)
