@@ -32,9 +32,11 @@ _BUTTON_LABELS = {
 _STATUS_ICON = {"hung": "🔴", "failed": "🔴", "progressing": "🟡", "unknown": "⚪"}
 
 
-def escape(text: str) -> str:
+def escape(text: str, limit: int = SECTION_MAX) -> str:
     """Redact secrets, then escape the three characters mrkdwn treats as control (&, <, >)."""
-    return redact(str(text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # Cut before redacting: redact() costs more than linear time on long unbroken runs of characters.
+    text = redact(str(text)[: limit + 200])
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def clip(text: str, limit: int) -> str:
@@ -42,7 +44,7 @@ def clip(text: str, limit: int) -> str:
 
 
 def _plain(text: str, limit: int) -> dict[str, Any]:
-    return {"type": "plain_text", "text": clip(redact(str(text)), limit), "emoji": True}
+    return {"type": "plain_text", "text": clip(redact(str(text)[: limit + 200]), limit), "emoji": True}
 
 
 def _section(mrkdwn: str) -> dict[str, Any]:
@@ -74,7 +76,9 @@ def progress_text(job_id: str, hosts_total: int, hosts_done: int) -> str:
     done = max(0, min(hosts_done, hosts_total))
     if done >= hosts_total:
         return f":hourglass_flowing_sand: Diagnosing job {job}… evidence from {hosts_total}/{hosts_total} hosts, running playbooks"
-    return f":hourglass_flowing_sand: Diagnosing job {job}… collecting evidence from {done}/{hosts_total} hosts"
+    return (
+        f":hourglass_flowing_sand: Diagnosing job {job}… collecting evidence from {done}/{hosts_total} hosts"
+    )
 
 
 def verdict_text(verdict: dict[str, Any]) -> str:
@@ -98,7 +102,7 @@ def _evidence_block(finding: dict[str, Any]) -> dict[str, Any] | None:
     lines = []
     for q in quotes[:EVIDENCE_LINES]:
         where = f"{q.get('source')}:{q.get('line')}" if q.get("line") else str(q.get("source"))
-        lines.append(clip(escape(f"{where}  {q.get('text', '')}"), EVIDENCE_LINE_MAX))
+        lines.append(clip(escape(f"{where}  {q.get('text', '')}", EVIDENCE_LINE_MAX), EVIDENCE_LINE_MAX))
     title = f"*Evidence* ({len(lines)} of {len(quotes)} lines)" if len(quotes) > len(lines) else "*Evidence*"
     # Keep the whole section under Slack's limit: drop trailing lines rather than cut the fence.
     while lines and len(title) + 1 + len(_code(lines)) > SECTION_MAX:
@@ -153,7 +157,9 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str) -> list[dict[str, Any]]
         blocks.append(_section("*No root cause found.* The evidence does not support any known hang."))
     steps = top.get("next_steps") or []
     if steps:
-        blocks.append(_section("*Next steps*\n" + "\n".join(f"• {escape(s)}" for s in steps[:10])))
+        blocks.append(
+            _section("*Next steps*\n" + "\n".join(f"• {clip(escape(s, 500), 500)}" for s in steps[:10]))
+        )
     others = [
         f"{escape(f.get('category'))} ({float(f.get('confidence') or 0):.2f}): {escape(_culprit(f.get('culprit')))}"
         for f in findings[1:6]

@@ -96,7 +96,9 @@ class BotConfig:
     def refusal(self, user: str | None, channel: str | None) -> str | None:
         """Why this user in this channel may not use the bot, or None when they may."""
         if self.allowed_users and user not in self.allowed_users:
-            return "You are not on hangdx's list of allowed users (HANGDX_ALLOWED_USERS); ask the on-call lead."
+            return (
+                "You are not on hangdx's list of allowed users (HANGDX_ALLOWED_USERS); ask the on-call lead."
+            )
         if self.allowed_channels and channel not in self.allowed_channels:
             return "hangdx does not run diagnoses in this channel (HANGDX_ALLOWED_CHANNELS); use an on-call channel."
         return None

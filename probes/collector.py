@@ -134,8 +134,10 @@ _SECRET_PATTERNS = [
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{12,}"), r"\1 [REDACTED]"),
     (
         re.compile(
-            r"(?i)([A-Za-z0-9_.-]*(?:token|secret|passw(?:or)?d|passwd|api[_-]?key|access[_-]?key|credential)"
-            r"[A-Za-z0-9_.-]*[\"']?\s*[=:]\s*)([\"']?)[^\s\"',;]+"
+            # Bounded and anchored at the start of a word: unbounded runs made this quadratic on long words.
+            r"(?i)(?<![A-Za-z0-9_.-])([A-Za-z0-9_.-]{0,64}?"
+            r"(?:token|secret|passw(?:or)?d|passwd|api[_-]?key|access[_-]?key|credential)"
+            r"[A-Za-z0-9_.-]{0,64}[\"']?\s{0,8}[=:]\s{0,8})([\"']?)[^\s\"',;]+"
         ),
         r"\1\2[REDACTED]",
     ),
