@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             from hangdx.bot.demo import run_demo
 
             return run_demo(args)
-        if args.command in ("serve", "worker"):
-            raise UsageError(
-                f"`hangdx {args.command}` is not available in this version yet (the Slack bot is planned)"
-            )
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "worker":
+            return cmd_worker(args)
         ap.print_help()
         return 2
     except UsageError as e:
@@ -181,3 +181,39 @@ def _resolver(args: argparse.Namespace, default: str) -> str:
     if args.slurm:
         return "slurm"
     return default
+
+
+def _bot_config():
+    from hangdx.bot.config import BotConfig, ConfigError
+
+    try:
+        return BotConfig.from_env()
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hangdx.bot import slack_app
+    from hangdx.bot.config import ConfigError
+    from hangdx.bot.incidents import StoreUnavailable
+    from hangdx.bot.service import Service
+
+    cfg = _bot_config()
+    try:
+        service = Service(cfg)
+        slack_app.serve(cfg, service.submit, args.host, args.port, on_action=service.on_action)
+    except (ConfigError, StoreUnavailable) as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import os
+
+    from hangdx.bot import worker
+
+    cfg = _bot_config()
+    # The worker posts verdicts to Slack itself when it has a token; otherwise it only keeps them in Redis.
+    if cfg.bot_token:
+        os.environ.setdefault("HANGDX_NOTIFIER", "hangdx.bot.service:notify")
+    return worker.main(cfg.redis_url)

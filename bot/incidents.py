@@ -25,8 +25,8 @@ from typing import Any
 
 import redis
 
-from hangdx.bot.request import DiagnoseRequest
 from hangdx.bot.render import culprit_text
+from hangdx.bot.request import DiagnoseRequest
 from hangdx.playbooks.verdict import Culprit
 
 PREFIX = "hangdx:"
@@ -229,7 +229,8 @@ class IncidentStore:
         ev = _event(actor, status, detail)
         owner = actor if status == "acknowledged" else ""
         old = self._set_status(
-            keys=[base, base + ":timeline", OPEN_SET], args=[status, repr(ev["time"]), owner, json.dumps(ev), job]
+            keys=[base, base + ":timeline", OPEN_SET],
+            args=[status, repr(ev["time"]), owner, json.dumps(ev), job],
         )
         if old is None:
             raise InvalidTransition(f"job {job} has no open incident")
@@ -305,7 +306,9 @@ class IncidentStore:
         return [i for i in self.list_open() if i.diagnosis == "running"]
 
     def mark_interrupted(self, job: str, actor: str = "hangdx") -> None:
-        self.add_event(job, actor, "diagnosis_interrupted", "the worker stopped mid-diagnosis", diagnosis="interrupted")
+        self.add_event(
+            job, actor, "diagnosis_interrupted", "the worker stopped mid-diagnosis", diagnosis="interrupted"
+        )
 
     # -- the diagnosis lock ----------------------------------------------------------------------
 
@@ -390,7 +393,10 @@ def verdict_markdown(v: dict[str, Any]) -> str:
             "**Evidence:**",
             "",
             "```",
-            *[f"{q['source']}:{q['line']}  {q['text']}" if q.get("line") else f"{q['source']}  {q['text']}" for q in quotes],
+            *[
+                f"{q['source']}:{q['line']}  {q['text']}" if q.get("line") else f"{q['source']}  {q['text']}"
+                for q in quotes
+            ],
             "```",
             "",
             "**Next steps:**",
@@ -399,5 +405,8 @@ def verdict_markdown(v: dict[str, Any]) -> str:
         ]
     if len(findings) > 1:
         out += ["", "**Other findings:**", ""]
-        out += [f"- `{f['category']}` ({f.get('confidence', 0):.2f}): {f.get('summary', '')}" for f in findings[1:]]
+        out += [
+            f"- `{f['category']}` ({f.get('confidence', 0):.2f}): {f.get('summary', '')}"
+            for f in findings[1:]
+        ]
     return "\n".join(out) + "\n"
