@@ -1,0 +1,140 @@
+"""End to end, as a team runs it: `hangdx serve` and `hangdx worker` as processes, a real redis-server,
+the local Slack Web API stand-in, and a real hung torch.distributed job. An alert for the job must end
+in one thread whose verdict names the rank that skipped a collective; a repeated alert joins it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from hangdx.bot.incidents import IncidentStore, connect
+
+from .test_incidents import redis_url  # noqa: F401  (the session's redis-server)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from slack_standin import SlackStandin  # noqa: E402
+
+pytest.importorskip("torch")
+from hangdx.zoo.launch import ZooJob  # noqa: E402
+
+pytestmark = pytest.mark.zoo
+
+ALERT_TOKEN = "alert-token-0123456789abcdef"
+CHANNEL = "C0ALERTS01"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what, cond, timeout: float = 60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def bot(redis_url, tmp_path):  # noqa: F811
+    connect(redis_url).flushdb()
+    with SlackStandin() as slack:
+        port = free_port()
+        env = {
+            **os.environ,
+            "SLACK_BOT_TOKEN": "xoxb-1111-2222-hangdxtest",
+            "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5",
+            "SLACK_API_URL": slack.url,
+            "REDIS_URL": redis_url,
+            "HANGDX_ALERT_TOKEN": ALERT_TOKEN,
+            "HANGDX_ALERT_CHANNEL": CHANNEL,
+            "HANGDX_RESOLVER": "local",
+        }
+        env.pop("SLACK_APP_TOKEN", None)
+        log = open(tmp_path / "bot.log", "wb")
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "hangdx", "serve", "--port", str(port)],
+                env=env,
+                stdout=log,
+                stderr=log,
+            ),
+            subprocess.Popen([sys.executable, "-m", "hangdx", "worker"], env=env, stdout=log, stderr=log),
+        ]
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_for("the bot's /healthz", lambda: _healthy(url), timeout=30)
+            yield url, slack, redis_url
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.kill(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.kill(p.pid, signal.SIGKILL)
+                    p.wait()
+            log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def alert(url: str, job_id: str, token: str = ALERT_TOKEN) -> requests.Response:
+    body = {"job_id": job_id, "summary": "no training step for 10 minutes"}
+    return requests.post(url + "/alerts", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+
+def test_alert_for_a_hung_job_ends_in_a_thread_naming_the_culprit(bot):
+    url, slack, rurl = bot
+    with ZooJob("skip_collective") as job:
+        job.wait_until_stuck()
+        assert alert(url, job.job_id, token="wrong-token-0123456789").status_code == 401
+        r = alert(url, job.job_id)
+        assert r.status_code == 202, r.text
+        verdicts = wait_for(
+            "the verdict in the thread",
+            lambda: [
+                c
+                for c in slack.calls_to("chat.postMessage")
+                if c.body.get("blocks") and c.body.get("thread_ts")
+            ],
+            timeout=90,
+        )
+        assert alert(url, job.job_id).status_code == 202  # the same alert again, while the incident is open
+        wait_for(
+            "the repeated alert on the timeline",
+            lambda: len(IncidentStore(connect(rurl)).get(job.job_id).timeline) >= 3,
+        )
+    parents = [c for c in slack.calls_to("chat.postMessage") if not c.body.get("thread_ts")]
+    assert len(parents) == 1, "one thread per incident, not one per alert"
+    assert parents[0].body["channel"] == CHANNEL and job.job_id in parents[0].body["text"]
+    post = verdicts[0].body
+    assert post["channel"] == CHANNEL
+    thread_ts = post["thread_ts"]
+    assert slack.calls_to("chat.update") and slack.calls_to("chat.update")[0].body["ts"] == thread_ts
+    blocks = post["blocks"] if isinstance(post["blocks"], list) else json.loads(post["blocks"])
+    text = json.dumps(blocks)
+    assert "conditional_collective" in text
+    assert "Rank 1 skipped the allreduce" in text
+    inc = IncidentStore(connect(rurl)).get(job.job_id)
+    assert inc.status == "diagnosed" and inc.thread_ts == thread_ts
+    assert inc.latest_verdict["root_cause"]["culprit"]["ranks"] == [1]
