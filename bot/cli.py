@@ -201,6 +201,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _bot_config()
     try:
         service = Service(cfg)
+        for job in service.recover():  # diagnoses a restart cut off: said so in their threads
+            sys.stderr.write(f"hangdx serve: the diagnosis of job {job} was interrupted; marked so\n")
         slack_app.serve(cfg, service.submit, args.host, args.port, on_action=service.on_action)
     except (ConfigError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None

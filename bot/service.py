@@ -35,6 +35,10 @@ def _post(client: WebClient, **kw: Any) -> dict | None:
     except SlackApiError as e:
         log.warning("chat.postMessage failed: %s", e.response.get("error"))
         return None
+    except OSError as e:
+        # Slack unreachable (refused, timed out, DNS): the incident and its diagnosis must still go ahead.
+        log.warning("chat.postMessage failed: %s", e)
+        return None
 
 
 class Service:
@@ -71,6 +75,27 @@ class Service:
                 text=f"Another {req.source} for job {req.job_id} from {who} joined this incident.",
             )
         return enqueue_diagnosis(self.conn, req, self.options(req))
+
+    def recover(self) -> list[str]:
+        """At start-up: end every diagnosis left running with nobody holding its lock; the jobs it ended."""
+        ended: list[str] = []
+        for inc in self.store.in_flight():
+            job = inc.job_id
+            if self.store.locked(job):
+                continue  # a live worker is still diagnosing it
+            self.store.mark_interrupted(job)
+            ended.append(job)
+            if inc.channel:
+                _post(
+                    self.client,
+                    channel=inc.channel,
+                    thread_ts=inc.thread_ts,
+                    text=(
+                        f"The diagnosis of job {job} was interrupted (the bot or its worker restarted); "
+                        f"press Re-run or /diagnose {job}."
+                    ),
+                )
+        return ended
 
     def on_action(self, action: str, job_id: str, user: str) -> None:
         """Buttons under a verdict: the incident's status and owner."""
