@@ -6,6 +6,9 @@ mrkdwn escaping (a `<!channel>` quoted from a log must not ping anyone).
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 from hangdx.bot.render import culprit_text
@@ -188,8 +191,122 @@ def help_blocks() -> list[dict[str, Any]]:
         "*hangdx* diagnoses a hung distributed training job: it probes every rank and names the culprit.\n"
         "• `/diagnose <jobid>`: diagnose a job (Slurm job id or torchrun run id)\n"
         "• `@hangdx diagnose <jobid>` in a thread: diagnose and answer in that thread\n"
+        "• `/diagnose status`: the open incidents (only you see it)\n"
+        "• `/diagnose handoff`: post a hand-off summary for the next on-call in this channel\n"
         "• `/diagnose help`: this message\n"
         "On a verdict: *Re-run* diagnoses again, *Full stacks* uploads every rank's stacks, "
         "*Acknowledge*, *Resolve* and *Hand off* track the incident."
     )
     return [_section(text)]
+
+
+# -- open incidents: `/diagnose status` and the hand-off summary ------------------------------------
+
+_SLACK_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
+_INCIDENT_ICON = {"investigating": "🔍", "diagnosed": "🔴", "acknowledged": "🟡", "resolved": "✅"}
+# Header + one section per incident + a "more" context must stay under BLOCKS_MAX.
+INCIDENTS_MAX = 40
+
+
+def _count(n: int) -> str:
+    return f"{n} open incident" + ("" if n == 1 else "s")
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _owner(owner: Any) -> str:
+    """A Slack user id becomes a mention; anything else is text (and cannot ping anyone)."""
+    if not owner:
+        return "nobody yet"
+    owner = str(owner)
+    return f"<@{owner}>" if _SLACK_ID.match(owner) else escape(owner, 200)
+
+
+def _latest_root_cause(inc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(root_cause, top finding) of the incident's latest verdict; the finding carries next_steps."""
+    verdicts = inc.get("verdicts") or []
+    v = verdicts[-1] if verdicts else {}
+    findings = v.get("findings") or []
+    rc = v.get("root_cause") or (findings[0] if findings else None)
+    return rc, (findings[0] if findings else (rc or {}))
+
+
+def _root_cause_line(inc: dict[str, Any]) -> str:
+    rc, _ = _latest_root_cause(inc)
+    if rc:
+        return f"`{escape(rc.get('category', 'unknown'), 100)}`, culprit {escape(_culprit(rc.get('culprit')), 500)}"
+    if inc.get("verdicts"):
+        return "no root cause found"
+    return "no verdict yet"
+
+
+def _thread_link(inc: dict[str, Any]) -> str:
+    channel, ts = inc.get("channel"), inc.get("thread_ts")
+    if (
+        not channel
+        or not ts
+        or not re.match(r"^[A-Z0-9]+$", str(channel))
+        or not re.match(r"^[0-9.]+$", str(ts))
+    ):
+        return ""
+    return f"<https://slack.com/app_redirect?channel={channel}&message_ts={ts}|thread>"
+
+
+def _incident_header(inc: dict[str, Any], now: float) -> str:
+    status = str(inc.get("status") or "?")
+    icon = _INCIDENT_ICON.get(status, "⚪")
+    age = _age(now - float(inc.get("created") or now))
+    link = _thread_link(inc)
+    return f"{icon} *Job {escape(inc.get('job_id', '?'), 200)}*: {escape(status, 50)}, open {age}" + (
+        f" · {link}" if link else ""
+    )
+
+
+def _incident_list(
+    title: str, incidents: list[dict[str, Any]], body: Callable[[dict[str, Any]], str], now: float | None
+) -> list[dict[str, Any]]:
+    now = time.time() if now is None else now
+    blocks: list[dict[str, Any]] = [{"type": "header", "text": _plain(title, HEADER_MAX)}]
+    if not incidents:
+        return blocks + [_section("No open incidents.")]
+    for inc in incidents[:INCIDENTS_MAX]:
+        blocks.append(_section(_incident_header(inc, now) + "\n" + body(inc)))
+    if len(incidents) > INCIDENTS_MAX:
+        more = f"…and {len(incidents) - INCIDENTS_MAX} more open incidents not shown."
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": more}]})
+    return blocks
+
+
+def status_blocks(incidents: list[dict[str, Any]], now: float | None = None) -> list[dict[str, Any]]:
+    """`/diagnose status`: each open incident's job, status, age, owner, root cause, culprit and thread."""
+
+    def body(inc: dict[str, Any]) -> str:
+        return f"Owner: {_owner(inc.get('owner'))} · Root cause: {_root_cause_line(inc)}"
+
+    return _incident_list("hangdx status: " + _count(len(incidents)), incidents, body, now)
+
+
+def handoff_blocks(incidents: list[dict[str, Any]], now: float | None = None) -> list[dict[str, Any]]:
+    """The hand-off for the next on-call: per open incident its state, root cause, owner and next steps."""
+
+    def body(inc: dict[str, Any]) -> str:
+        rc, top = _latest_root_cause(inc)
+        lines = [f"Owner: {_owner(inc.get('owner'))}", f"Root cause: {_root_cause_line(inc)}"]
+        if rc and rc.get("summary"):
+            lines.append(f"Summary: {clip(escape(rc['summary'], 600), 600)}")
+        steps = top.get("next_steps") or []
+        if steps:
+            lines.append("Next steps:")
+            lines += [f"• {clip(escape(s, 300), 300)}" for s in steps[:5]]
+        elif not rc:
+            lines.append("Next steps: run `/diagnose " + escape(inc.get("job_id", "?"), 200) + "`")
+        return "\n".join(lines)
+
+    return _incident_list("On-call hand-off: " + _count(len(incidents)), incidents, body, now)

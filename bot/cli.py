@@ -203,7 +203,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         service = Service(cfg)
         for job in service.recover():  # diagnoses a restart cut off: said so in their threads
             sys.stderr.write(f"hangdx serve: the diagnosis of job {job} was interrupted; marked so\n")
-        slack_app.serve(cfg, service.submit, args.host, args.port, on_action=service.on_action)
+        slack_app.serve(
+            cfg, service.submit, args.host, args.port, on_action=service.on_action, report=service.report
+        )
     except (ConfigError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
     return 0

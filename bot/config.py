@@ -14,6 +14,7 @@ DEFAULT_API_URL = "https://slack.com/api/"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 _CHANNEL = re.compile(r"^[CGD][A-Z0-9]{2,}$")
 _USER = re.compile(r"^[UW][A-Z0-9]{2,}$")
+_HHMM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 
 class ConfigError(Exception):
@@ -40,6 +41,8 @@ class BotConfig:
     resolver: str = "local"
     allowed_users: frozenset[str] = field(default_factory=frozenset)  # empty = everyone
     allowed_channels: frozenset[str] = field(default_factory=frozenset)  # empty = everywhere
+    handoff_time: str | None = None  # "HH:MM" UTC: post the on-call hand-off daily then
+    handoff_channel: str | None = None  # defaults to alert_channel
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BotConfig:
@@ -68,6 +71,17 @@ class BotConfig:
         alert_token = get("HANGDX_ALERT_TOKEN")
         if alert_token and len(alert_token) < 16:
             raise ConfigError("HANGDX_ALERT_TOKEN: use at least 16 characters")
+        handoff_time = get("HANGDX_HANDOFF_TIME")
+        if handoff_time and not _HHMM.match(handoff_time):
+            raise ConfigError(f"HANGDX_HANDOFF_TIME: {handoff_time!r} is not a UTC time HH:MM (00:00-23:59)")
+        handoff_channel = get("HANGDX_HANDOFF_CHANNEL")
+        if handoff_channel and not _CHANNEL.match(handoff_channel):
+            raise ConfigError(f"HANGDX_HANDOFF_CHANNEL: {handoff_channel!r} is not a channel id (C...)")
+        handoff_channel = handoff_channel or alert_channel
+        if handoff_time and not handoff_channel:
+            raise ConfigError(
+                "HANGDX_HANDOFF_TIME is set but neither HANGDX_HANDOFF_CHANNEL nor HANGDX_ALERT_CHANNEL is"
+            )
         try:
             resolver = check_resolver(get("HANGDX_RESOLVER") or "local")
         except DiagnosisError as e:
@@ -84,6 +98,8 @@ class BotConfig:
             resolver=resolver,
             allowed_users=_list(env.get("HANGDX_ALLOWED_USERS"), "HANGDX_ALLOWED_USERS", _USER),
             allowed_channels=_list(env.get("HANGDX_ALLOWED_CHANNELS"), "HANGDX_ALLOWED_CHANNELS", _CHANNEL),
+            handoff_time=handoff_time,
+            handoff_channel=handoff_channel,
         )
 
     def require_slack(self) -> None:

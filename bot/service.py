@@ -10,7 +10,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 
-from hangdx.bot.blocks import progress_text, verdict_blocks, verdict_text
+from hangdx.bot.blocks import handoff_blocks, progress_text, status_blocks, verdict_blocks, verdict_text
 from hangdx.bot.config import BotConfig
 from hangdx.bot.diagnosis import DiagnoseOptions
 from hangdx.bot.incidents import Incident, IncidentStore, connect
@@ -96,6 +96,13 @@ class Service:
                     ),
                 )
         return ended
+
+    def report(self, kind: str) -> tuple[str, list[dict]]:
+        """`/diagnose status|handoff`: the open incidents as (fallback text, blocks)."""
+        incs = [i.to_dict() for i in self.store.list_open()]
+        build = handoff_blocks if kind == "handoff" else status_blocks
+        what = "hand-off" if kind == "handoff" else "status"
+        return f"hangdx {what}: {len(incs)} open incident(s)", build(incs)
 
     def on_action(self, action: str, job_id: str, user: str) -> None:
         """Buttons under a verdict: the incident's status and owner."""

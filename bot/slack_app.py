@@ -1,7 +1,8 @@
 """The Slack edge: parse what Slack or Alertmanager sends into a DiagnoseRequest, refuse early, hand it on.
 
 `/diagnose <jobid>`, `@hangdx diagnose <jobid>` and an alert all become `submit(DiagnoseRequest(...))`;
-the verdict's buttons become `on_action(action, job_id, user)`. Nothing here runs a diagnosis.
+the verdict's buttons become `on_action(action, job_id, user)`; `/diagnose status|handoff` (and
+`@hangdx status|handoff`) answer with `report(kind)`. Nothing here runs a diagnosis.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ log = logging.getLogger("hangdx.bot")
 
 Submit = Callable[[DiagnoseRequest], str]
 OnAction = Callable[[str, str, str], None]
+# report("status" | "handoff") -> (fallback text, blocks): the open incidents, built by blocks.py.
+Report = Callable[[str], tuple[str, list[dict]]]
+REPORTS = ("status", "handoff")
 
 # A host named by an alert reaches ssh and Slurm: a safe alphabet, never a leading dash (an ssh option).
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
@@ -150,10 +154,12 @@ def _json_error(status: int, message: str):
 
 
 def _slash_text(text: str) -> tuple[str, str | None]:
-    """`/diagnose` text -> ("help", None) | ("diagnose", job_id) | ("refuse", reason)."""
+    """`/diagnose` text -> ("help", None) | ("status"|"handoff", None) | ("diagnose", job_id) | ("refuse", why)."""
     text = (text or "").strip()
     if text.lower() in ("", "help"):
         return "help", None
+    if text.lower() in REPORTS:
+        return text.lower(), None
     why = _job_refusal(text)
     return ("refuse", why) if why else ("diagnose", text)
 
@@ -162,12 +168,31 @@ def _mention_text(text: str) -> tuple[str, str | None]:
     words = _MENTION.sub(" ", text or "").split()
     if not words or words[0].lower() == "help":
         return "help", None
+    if words[0].lower() in REPORTS and len(words) == 1:
+        return words[0].lower(), None
     if words[0].lower() != "diagnose" or len(words) < 2:
-        return "refuse", "Usage: @hangdx diagnose <jobid> (or @hangdx help)"
+        return "refuse", "Usage: @hangdx diagnose <jobid> | status | handoff | help"
     return _slash_text(" ".join(words[1:]))
 
 
-def build_app(config: BotConfig, submit: Submit, on_action: OnAction | None = None) -> tuple[App, Flask]:
+def _run_report(report: Report | None, kind: str) -> tuple[str, list[dict] | None]:
+    """The report's (text, blocks), or a one-line apology when there is no report or it failed."""
+    if report is None:
+        return f"hangdx: {kind} is not available on this server.", None
+    try:
+        text, blocks = report(kind)
+    except Exception as e:  # Redis down: say so to the person who asked
+        log.exception("report %s failed", kind)
+        return clip(f"hangdx could not build the {kind} report: {redact(str(e))}", 300), None
+    return clip(redact(text), 3000), blocks
+
+
+def build_app(
+    config: BotConfig,
+    submit: Submit,
+    on_action: OnAction | None = None,
+    report: Report | None = None,
+) -> tuple[App, Flask]:
     """The Bolt app (slash command, mentions, buttons) and the Flask app serving it with /alerts and /healthz."""
     config.require_slack()
     socket_mode = bool(config.app_token)
@@ -192,6 +217,13 @@ def build_app(config: BotConfig, submit: Submit, on_action: OnAction | None = No
             return
         if what == "refuse":
             ack(text=arg, response_type="ephemeral")
+            return
+        if what in REPORTS:
+            # Ack first: the report reads Redis, and Slack gives a slash command 3 seconds.
+            ack()
+            text, blocks = _run_report(report, what)
+            kind = "in_channel" if what == "handoff" and blocks is not None else "ephemeral"
+            respond(text=text, blocks=blocks, response_type=kind, replace_original=False)
             return
         ack(text=f"Diagnosing job {escape(arg)}…", response_type="ephemeral")
         req = DiagnoseRequest(job_id=arg, source="slash", requested_by=user, channel=channel)
@@ -221,6 +253,15 @@ def build_app(config: BotConfig, submit: Submit, on_action: OnAction | None = No
             return
         if what == "refuse":
             tell(arg)
+            return
+        if what in REPORTS:
+            text, blocks = _run_report(report, what)
+            if what == "handoff" and blocks is not None:
+                client.chat_postMessage(
+                    channel=channel, text=text, blocks=blocks, thread_ts=event.get("thread_ts")
+                )
+            else:
+                tell(text, blocks)
             return
         tell(f"Diagnosing job {escape(arg)}…")
         req = DiagnoseRequest(
@@ -312,11 +353,19 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 3000,
     on_action: OnAction | None = None,
+    report: Report | None = None,
 ) -> None:
     """`hangdx serve`: HTTP (or Socket Mode when SLACK_APP_TOKEN is set) until interrupted."""
     from werkzeug.serving import make_server
 
-    app, flask_app = build_app(config, submit, on_action)
+    from hangdx.bot.schedule import HandoffScheduler
+
+    app, flask_app = build_app(config, submit, on_action, report)
+    scheduler = None
+    if config.handoff_time and config.handoff_channel and report is not None:
+        scheduler = HandoffScheduler(config, lambda: post_handoff(app.client, config.handoff_channel, report))
+        scheduler.start()
+        log.info("hand-off posts daily at %s UTC in %s", config.handoff_time, config.handoff_channel)
     if config.app_token:
         from slack_bolt.adapter.socket_mode import SocketModeHandler
 
@@ -326,4 +375,12 @@ def serve(
     try:
         server.serve_forever()
     finally:
+        if scheduler is not None:
+            scheduler.stop()
         server.server_close()
+
+
+def post_handoff(client: WebClient, channel: str, report: Report) -> None:
+    """The scheduled hand-off: report("handoff") posted in `channel`."""
+    text, blocks = report("handoff")
+    client.chat_postMessage(channel=channel, text=clip(redact(text), 3000), blocks=blocks)
