@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=3000)
     sub.add_parser("worker", help="run diagnoses queued in Redis")
+    i = sub.add_parser("incident", help="an incident kept in Redis, as Markdown for a hand-off or postmortem")
+    i.add_argument("job_id", metavar="JOBID")
     return ap
 
 
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "worker":
             return cmd_worker(args)
+        if args.command == "incident":
+            return cmd_incident(args)
         ap.print_help()
         return 2
     except UsageError as e:
@@ -221,3 +225,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if cfg.bot_token:
         os.environ.setdefault("HANGDX_NOTIFIER", "hangdx.bot.service:notify")
     return worker.main(cfg.redis_url)
+
+
+def cmd_incident(args: argparse.Namespace) -> int:
+    from hangdx.bot.diagnosis import DiagnosisError, check_job_id
+    from hangdx.bot.incidents import IncidentStore, StoreUnavailable, connect
+
+    cfg = _bot_config()
+    try:
+        check_job_id(args.job_id)
+        store = IncidentStore(connect(cfg.redis_url))
+        if store.get(args.job_id) is None:
+            raise UsageError(f"no incident for job {args.job_id!r} in {store.where}")
+        sys.stdout.write(store.markdown(args.job_id))
+    except (DiagnosisError, StoreUnavailable) as e:
+        raise UsageError(str(e)) from None
+    return 0
