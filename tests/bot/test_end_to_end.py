@@ -138,3 +138,70 @@ def test_alert_for_a_hung_job_ends_in_a_thread_naming_the_culprit(bot):
     inc = IncidentStore(connect(rurl)).get(job.job_id)
     assert inc.status == "diagnosed" and inc.thread_ts == thread_ts
     assert inc.latest_verdict["root_cause"]["culprit"]["ranks"] == [1]
+
+
+def _slash(url: str, text: str) -> requests.Response:
+    from urllib.parse import urlencode
+
+    from slack_sdk.signature import SignatureVerifier
+
+    body = urlencode(
+        {"command": "/diagnose", "text": text, "user_id": "U0ONCALL01", "channel_id": CHANNEL,
+         "team_id": "T0HANGDX1", "response_url": "http://127.0.0.1:9/respond", "trigger_id": "1.2.3"}
+    )  # fmt: skip
+    stamp = str(int(time.time()))
+    sig = SignatureVerifier("8f742231b10e8888abcd99yyyzzz85a5").generate_signature(timestamp=stamp, body=body)
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": stamp,
+               "X-Slack-Signature": sig}  # fmt: skip
+    # Slack gives up on an answer after 3 seconds: the bot must ack within that even when busy.
+    return requests.post(url + "/slack/events", data=body, headers=headers, timeout=3)
+
+
+def test_the_bot_keeps_answering_while_ten_diagnoses_run(bot):
+    import uuid
+
+    url, slack, rurl = bot
+    jobs = [f"busy-{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
+    procs = []
+    try:
+        for job in jobs:  # ranks 0 and 1 of three, asleep: rank 2 is missing
+            for rank in (0, 1):
+                env = {
+                    **os.environ,
+                    "HANGDX_JOB_ID": job,
+                    "RANK": str(rank),
+                    "WORLD_SIZE": "3",
+                    "LOCAL_RANK": str(rank),
+                }
+                procs.append(
+                    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env)
+                )
+        time.sleep(1.0)
+        for job in jobs:
+            assert alert(url, job).status_code == 202
+        for job in jobs[:3]:
+            r = _slash(url, job)  # asked again in Slack while the worker is busy: answered at once
+            assert r.status_code == 200 and "Diagnosing job" in r.json()["text"]
+            assert requests.get(url + "/healthz", timeout=3).status_code == 200
+        posts = wait_for(
+            "ten verdicts",
+            lambda: (lambda ps: ps if len({p.body["thread_ts"] for p in ps}) == 10 else None)(
+                [
+                    c
+                    for c in slack.calls_to("chat.postMessage")
+                    if c.body.get("blocks") and c.body.get("thread_ts")
+                ]
+            ),
+            timeout=120,
+        )
+        for p in posts:
+            text = json.dumps(
+                p.body["blocks"] if isinstance(p.body["blocks"], list) else json.loads(p.body["blocks"])
+            )
+            assert "rank_crashed" in text and "Rank 2" in text
+        parents = [c for c in slack.calls_to("chat.postMessage") if not c.body.get("thread_ts")]
+        assert len(parents) == 10, "one thread per job, whatever the number of requests"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
