@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -14,11 +14,46 @@ DEFAULT_API_URL = "https://slack.com/api/"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 _CHANNEL = re.compile(r"^[CGD][A-Z0-9]{2,}$")
 _USER = re.compile(r"^[UW][A-Z0-9]{2,}$")
+_GROUP = re.compile(r"^S[A-Z0-9]{2,}$")
+SETTINGS = (
+    "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_API_URL", "REDIS_URL",
+    "HANGDX_ALERT_CHANNEL", "HANGDX_ALERT_TOKEN", "HANGDX_RESOLVER", "HANGDX_ALLOWED_USERS",
+    "HANGDX_ALLOWED_CHANNELS", "HANGDX_ALLOWED_GROUPS", "HANGDX_HANDOFF_TIME", "HANGDX_HANDOFF_CHANNEL",
+)  # fmt: skip
 _HHMM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 
 class ConfigError(Exception):
     """A setting is missing or malformed: one line naming the variable."""
+
+
+def load_file(path: str) -> dict[str, str]:
+    """HANGDX_CONFIG: a YAML mapping of the same names as the environment variables (lists allowed)."""
+    import yaml
+
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"HANGDX_CONFIG: cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"HANGDX_CONFIG: {path} is not YAML: {str(e).splitlines()[0]}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"HANGDX_CONFIG: {path} must be a mapping of settings, not {type(doc).__name__}")
+    out = {}
+    for key, value in doc.items():
+        if key not in SETTINGS:
+            raise ConfigError(
+                f"HANGDX_CONFIG: unknown setting {key!r} in {path} (known: {', '.join(SETTINGS)})"
+            )
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise ConfigError(f"HANGDX_CONFIG: {key} in {path} must be a string")
+        out[key] = str(value)
+    return out
 
 
 def _list(raw: str | None, name: str, pattern: re.Pattern[str]) -> frozenset[str]:
@@ -43,11 +78,20 @@ class BotConfig:
     allowed_channels: frozenset[str] = field(default_factory=frozenset)  # empty = everywhere
     handoff_time: str | None = None  # "HH:MM" UTC: post the on-call hand-off daily then
     handoff_channel: str | None = None  # defaults to alert_channel
+    allowed_groups: frozenset[str] = field(
+        default_factory=frozenset
+    )  # user groups (S...) whose members may act
+    # Who is in a user group: set by the Slack app (usergroups.users.list), cached there.
+    group_members: Callable[[str], frozenset[str]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BotConfig:
         """Read and check every variable; raise ConfigError on the first bad one."""
-        env = os.environ if environ is None else environ
+        env: Mapping[str, str] = os.environ if environ is None else environ
+        if (env.get("HANGDX_CONFIG") or "").strip():
+            # The file gives defaults; the environment always wins (CONTRACTS.md: "these always work").
+            from_file = load_file(env["HANGDX_CONFIG"].strip())
+            env = {**from_file, **{k: v for k, v in env.items() if v}}
 
         def get(name: str) -> str | None:
             return (env.get(name) or "").strip() or None
@@ -100,6 +144,7 @@ class BotConfig:
             allowed_channels=_list(env.get("HANGDX_ALLOWED_CHANNELS"), "HANGDX_ALLOWED_CHANNELS", _CHANNEL),
             handoff_time=handoff_time,
             handoff_channel=handoff_channel,
+            allowed_groups=_list(env.get("HANGDX_ALLOWED_GROUPS"), "HANGDX_ALLOWED_GROUPS", _GROUP),
         )
 
     def require_slack(self) -> None:
@@ -109,11 +154,19 @@ class BotConfig:
         if not self.signing_secret and not self.app_token:
             raise ConfigError("SLACK_SIGNING_SECRET is not set (or set SLACK_APP_TOKEN for Socket Mode)")
 
+    def _allowed(self, user: str | None) -> bool:
+        if user in self.allowed_users:
+            return True
+        if not self.allowed_groups or self.group_members is None or not user:
+            return False
+        return any(user in self.group_members(g) for g in sorted(self.allowed_groups))
+
     def refusal(self, user: str | None, channel: str | None) -> str | None:
         """Why this user in this channel may not use the bot, or None when they may."""
-        if self.allowed_users and user not in self.allowed_users:
+        if (self.allowed_users or self.allowed_groups) and not self._allowed(user):
             return (
-                "You are not on hangdx's list of allowed users (HANGDX_ALLOWED_USERS); ask the on-call lead."
+                "You are not on hangdx's list of allowed users or groups (HANGDX_ALLOWED_USERS, "
+                "HANGDX_ALLOWED_GROUPS); ask the on-call lead."
             )
         if self.allowed_channels and channel not in self.allowed_channels:
             return "hangdx does not run diagnoses in this channel (HANGDX_ALLOWED_CHANNELS); use an on-call channel."

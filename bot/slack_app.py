@@ -7,9 +7,12 @@ the verdict's buttons become `on_action(action, job_id, user)`; `/diagnose statu
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import re
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +20,7 @@ from flask import Flask, jsonify, request
 from slack_bolt import App
 from slack_bolt.adapter.flask import SlackRequestHandler
 from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
 
 from hangdx.bot.blocks import ACTION_PREFIX, ACTIONS, clip, escape, help_blocks
 from hangdx.bot.config import BotConfig
@@ -187,6 +191,30 @@ def _run_report(report: Report | None, kind: str) -> tuple[str, list[dict] | Non
     return clip(redact(text), 3000), blocks
 
 
+class GroupMembers:
+    """Members of a Slack user group (usergroups.users.list), cached for a few minutes."""
+
+    def __init__(self, client: WebClient, ttl: float = 300.0) -> None:
+        self.client, self.ttl = client, ttl
+        self._cache: dict[str, tuple[float, frozenset[str]]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, group: str) -> frozenset[str]:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(group)
+            if hit and now - hit[0] < self.ttl:
+                return hit[1]
+        try:
+            users = frozenset(self.client.usergroups_users_list(usergroup=group).get("users") or [])
+        except (SlackApiError, OSError) as e:
+            log.warning("usergroups.users.list %s failed: %s", group, e)
+            return hit[1] if hit else frozenset()  # Slack down: keep the last answer, else allow nobody new
+        with self._lock:
+            self._cache[group] = (now, users)
+        return users
+
+
 def build_app(
     config: BotConfig,
     submit: Submit,
@@ -197,6 +225,8 @@ def build_app(
     config.require_slack()
     socket_mode = bool(config.app_token)
     client = WebClient(token=config.bot_token, base_url=config.api_url)
+    if config.allowed_groups and config.group_members is None:
+        config = dataclasses.replace(config, group_members=GroupMembers(client))
     app = App(
         client=client,
         signing_secret=config.signing_secret or "",
