@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from hangdx.probes.local import JobNotFound, collect_local, evidence_local
 # A job id reaches /proc scans, file names, Slack messages and remote scripts: keep it to a safe alphabet.
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 RESOLVERS = "local, slurm, inventory:PATH or hosts:H1,H2"
+Progress = Callable[[int, int], None]  # (hosts reported, hosts in all)
 
 
 class DiagnosisError(Exception):
@@ -46,16 +48,19 @@ def check_resolver(how: str) -> str:
     raise DiagnosisError(f"resolver {how!r}: expected {RESOLVERS}")
 
 
-def collect(job_id: str, opts: DiagnoseOptions) -> list[dict]:
-    """Collector documents, one per host, for the job."""
+def collect(job_id: str, opts: DiagnoseOptions, progress: Progress | None = None) -> list[dict]:
+    """Collector documents, one per host, for the job; progress(done, total) as hosts report."""
     check_job_id(job_id)
     if not 1 <= opts.samples <= 20:
         raise DiagnosisError("samples: 1 to 20")
     how = check_resolver(opts.how)
     interval = max(0.0, opts.interval)
     if how == "local":
-        return collect_local(job_id, samples=opts.samples, interval=interval)
-    return _collect_remote(job_id, how, opts, interval)
+        docs = collect_local(job_id, samples=opts.samples, interval=interval)
+        if progress is not None:
+            progress(1, 1)
+        return docs
+    return _collect_remote(job_id, how, opts, interval, progress)
 
 
 def verdict_of(docs: list[dict], job_id: str) -> Verdict:
@@ -66,16 +71,20 @@ def verdict_of(docs: list[dict], job_id: str) -> Verdict:
     return engine.run(ev)
 
 
-def diagnose(job_id: str, opts: DiagnoseOptions) -> tuple[Verdict, list[dict]]:
+def diagnose(
+    job_id: str, opts: DiagnoseOptions, progress: Progress | None = None
+) -> tuple[Verdict, list[dict]]:
     """The verdict and the raw documents it came from (a bundle to keep)."""
     started = time.monotonic()
-    docs = collect(job_id, opts)
+    docs = collect(job_id, opts, progress)
     verdict = verdict_of(docs, job_id)
     verdict.elapsed_seconds = time.monotonic() - started
     return verdict, docs
 
 
-def _collect_remote(job_id: str, how: str, opts: DiagnoseOptions, interval: float) -> list[dict]:
+def _collect_remote(
+    job_id: str, how: str, opts: DiagnoseOptions, interval: float, progress: Progress | None = None
+) -> list[dict]:
     from hangdx.probes import resolve, ssh
     from hangdx.probes.hosts import HostError, SshSettings, parse_host
 
@@ -100,4 +109,6 @@ def _collect_remote(job_id: str, how: str, opts: DiagnoseOptions, interval: floa
     settings.deadline = opts.deadline
     if jump is not None:
         hosts = [h if h.jump else replace(h, jump=jump) for h in hosts]
-    return ssh.fan_out(hosts, settings, job_id, samples=opts.samples, interval=interval)
+    if progress is not None:
+        progress(0, len(hosts))
+    return ssh.fan_out(hosts, settings, job_id, samples=opts.samples, interval=interval, progress=progress)

@@ -17,6 +17,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
@@ -571,8 +572,11 @@ def fan_out(
     samples: int = 3,
     interval: float = 0.7,
     hardware: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
-    """One collector document per host, in input order, all hosts at once; never past the deadline."""
+    """One collector document per host, in input order, all hosts at once; never past the deadline.
+
+    `progress(done, total)` is called as hosts report (from the fan-out's threads; keep it quick)."""
     if not hosts:
         return []
     deadline = time.monotonic() + settings.deadline
@@ -593,8 +597,15 @@ def fan_out(
                 return
             doc = probes[i].run()
             with lock:
-                if not state["final"]:
-                    results[i] = doc
+                if state["final"]:
+                    return
+                results[i] = doc
+                done_count = sum(r is not None for r in results)
+            if progress is not None:
+                try:
+                    progress(done_count, len(hosts))
+                except Exception:  # noqa: BLE001 - a progress display must never stop a probe
+                    pass
 
     threads = [
         threading.Thread(target=worker, name=f"hangdx-ssh-{k}", daemon=True)
