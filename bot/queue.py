@@ -21,6 +21,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from hangdx.bot import diagnosis
+from hangdx.bot.artifacts import save_stacks
 from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError
 from hangdx.bot.incidents import Incident, IncidentStore, StoreUnavailable, connect
 from hangdx.bot.request import DiagnoseRequest
@@ -104,7 +105,8 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
         **{k: v for k, v in opts_dict.items() if k in DiagnoseOptions.__dataclass_fields__}
     )
     job = req.job_id
-    store = IncidentStore(_connection())
+    conn = _connection()
+    store = IncidentStore(conn)
     inc = store.get(job)
     if inc is None or not inc.is_open:
         store.open_or_join(req)  # enqueued without an incident (e.g. from a script): open one
@@ -119,9 +121,10 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
         verdict: dict[str, Any] | None = None
         error: str | None = None
         try:
-            v, _docs = diagnosis.diagnose(job, opts)
+            v, docs = diagnosis.diagnose(job, opts)
             verdict = v.to_dict()
             verdict["elapsed_seconds"] = v.elapsed_seconds
+            _keep_stacks(conn, job, docs)
         except DiagnosisError as e:
             error = str(e)
         except Exception as e:
@@ -132,6 +135,14 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
             raise
         _finish(store, job, verdict, error)
     return {"job_id": job, "skipped": False, "error": error, "verdict": verdict}
+
+
+def _keep_stacks(conn: redis.Redis, job: str, docs: list[dict[str, Any]]) -> None:
+    try:
+        save_stacks(conn, job, docs)
+    except redis.exceptions.RedisError as e:
+        # Only the "Full stacks" button needs them; the verdict still goes to the incident.
+        log.warning("job %s: could not keep the stacks: %s", job, e)
 
 
 def _finish(store: IncidentStore, job: str, verdict: dict[str, Any] | None, error: str | None) -> None:

@@ -7,9 +7,10 @@ import logging
 from typing import Any
 
 from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 
+from hangdx.bot.artifacts import load_stacks
 from hangdx.bot.blocks import handoff_blocks, progress_text, status_blocks, verdict_blocks, verdict_text
 from hangdx.bot.config import BotConfig
 from hangdx.bot.diagnosis import DiagnoseOptions
@@ -115,6 +116,10 @@ class Service:
         else:
             self.store.add_event(job_id, user, f"button_{action}")
         inc = self.store.get(job_id)
+        if action == "stacks":
+            if inc and inc.channel and inc.thread_ts:
+                self.send_stacks(inc)
+            return
         if inc and inc.channel and inc.thread_ts:
             _post(
                 self.client,
@@ -122,6 +127,28 @@ class Service:
                 thread_ts=inc.thread_ts,
                 text=f"<@{user}>: {action} ({inc.status}).",
             )
+
+    def send_stacks(self, inc: Incident) -> None:
+        """The "Full stacks" button: the latest diagnosis's py-spy dumps as a file in the incident's thread."""
+        job = inc.job_id
+        stacks = load_stacks(self.conn, job)
+        if stacks is None:
+            text = f"No stacks kept for job {job} yet: run a diagnosis first."
+            _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=text)
+            return
+        try:
+            self.client.files_upload_v2(
+                channel=inc.channel,
+                thread_ts=inc.thread_ts,
+                content=redact(stacks),  # a second guard: the node redacted them already
+                filename=f"hangdx-{job}-stacks.txt",
+                title=f"hangdx: full stacks of job {job} (latest diagnosis)",
+            )
+        except (SlackApiError, SlackRequestError, OSError) as e:
+            err = e.response.get("error") if isinstance(e, SlackApiError) else " ".join(str(e).split())
+            log.warning("files_upload_v2 of the stacks of job %s failed: %s", job, err)
+            text = f"Could not upload the stacks of job {job}: {err}"
+            _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=redact(text)[:300])
 
 
 class SlackNotifier:
