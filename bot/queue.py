@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -121,7 +122,7 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
         verdict: dict[str, Any] | None = None
         error: str | None = None
         try:
-            v, docs = diagnosis.diagnose(job, opts)
+            v, docs = diagnosis.diagnose(job, opts, progress=_progress_reporter(store, job))
             verdict = v.to_dict()
             verdict["elapsed_seconds"] = v.elapsed_seconds
             _keep_stacks(conn, job, docs)
@@ -143,6 +144,29 @@ def _keep_stacks(conn: redis.Redis, job: str, docs: list[dict[str, Any]]) -> Non
     except redis.exceptions.RedisError as e:
         # Only the "Full stacks" button needs them; the verdict still goes to the incident.
         log.warning("job %s: could not keep the stacks: %s", job, e)
+
+
+PROGRESS_EVERY = 2.0  # seconds between progress edits of the parent message (Slack allows about 1/s)
+
+
+def _progress_reporter(store: IncidentStore, job: str) -> Callable[[int, int], None]:
+    """progress(done, total) -> the notifier's `progress` (if it has one), at most every PROGRESS_EVERY s."""
+    show = getattr(get_notifier(), "progress", None)
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if show is None or (now - last[0] < PROGRESS_EVERY and done < total):
+            return
+        last[0] = now
+        inc = store.get(job)
+        if inc is not None:
+            try:
+                show(inc, done, total)
+            except Exception:  # noqa: BLE001 - a progress line must never stop a diagnosis
+                log.warning("job %s: progress update failed", job, exc_info=True)
+
+    return progress
 
 
 def _finish(store: IncidentStore, job: str, verdict: dict[str, Any] | None, error: str | None) -> None:

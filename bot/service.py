@@ -157,6 +157,19 @@ class SlackNotifier:
     def __init__(self, client: WebClient) -> None:
         self.client = client
 
+    def progress(self, incident: Incident, done: int, total: int) -> None:
+        """Edit the incident's parent message in place as hosts report."""
+        if not (incident.channel and incident.thread_ts):
+            return
+        try:
+            self.client.chat_update(
+                channel=incident.channel,
+                ts=incident.thread_ts,
+                text=progress_text(incident.job_id, total, done),
+            )
+        except (SlackApiError, OSError) as e:
+            log.warning("chat.update (progress) failed: %s", e)
+
     def __call__(self, incident: Incident, verdict: dict[str, Any] | None, error: str | None) -> None:
         if not incident.channel:
             return
@@ -188,3 +201,10 @@ class SlackNotifier:
 def notify(incident: Incident, verdict: dict[str, Any] | None, error: str | None) -> None:
     """The worker's notifier (HANGDX_NOTIFIER=hangdx.bot.service:notify): configured from the environment."""
     SlackNotifier(slack_client(BotConfig.from_env()))(incident, verdict, error)
+
+
+def _notify_progress(incident: Incident, done: int, total: int) -> None:
+    SlackNotifier(slack_client(BotConfig.from_env())).progress(incident, done, total)
+
+
+notify.progress = _notify_progress  # type: ignore[attr-defined]
