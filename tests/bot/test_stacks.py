@@ -129,7 +129,9 @@ def test_a_newer_diagnosis_without_stacks_forgets_the_old_ones(conn):
 
 def test_a_finished_diagnosis_keeps_its_stacks(conn, redis_url, monkeypatch):  # noqa: F811
     monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setattr(hq.diagnosis, "diagnose", lambda job, opts: (Verdict(job, "healthy", []), DOCS))
+    monkeypatch.setattr(
+        hq.diagnosis, "diagnose", lambda job, opts, progress=None: (Verdict(job, "hung", []), DOCS)
+    )
     hq.set_notifier(lambda inc, verdict, error: None)
     try:
         req = DiagnoseRequest(job_id="job-run", source="cli", requested_by="cli:alice")
