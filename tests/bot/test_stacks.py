@@ -138,7 +138,7 @@ def test_a_finished_diagnosis_keeps_its_stacks(conn, redis_url, monkeypatch):  #
         out = hq.run_diagnosis(req.to_dict(), {"samples": 1, "interval": 0})
     finally:
         hq.set_notifier(None)
-    assert out["error"] is None and out["verdict"]["status"] == "healthy"
+    assert out["error"] is None and out["verdict"]["status"] == "hung"
     text = load_stacks(conn, "job-run")
     assert "==> node-a/pyspy-4242.txt <==" in text and "==> node-b/pyspy-4243.txt <==" in text
 
