@@ -42,8 +42,7 @@ def run_demo(args: argparse.Namespace) -> int:
             "the demo runs a real torch.distributed job and needs torch: pip install 'hangdx[demo]'"
         ) from None
 
-    from hangdx.playbooks import engine
-    from hangdx.probes.local import collect_local, evidence_local
+    from hangdx.bot.diagnosis import DiagnoseOptions, diagnose
 
     spec = FAULTS[fault]
     # Ctrl-C, `timeout` (SIGTERM) and a closed terminal all end the job's processes.
@@ -63,10 +62,7 @@ def run_demo(args: argparse.Namespace) -> int:
         out.print(
             f"  the job {'hangs' if spec.hangs else 'crawls'} ({time.monotonic() - t0:.1f}s); diagnosing it live with py-spy and /proc"
         )
-        t1 = time.monotonic()
-        docs = collect_local(job.job_id)
-        verdict = engine.run(evidence_local(docs, job.job_id))
-        verdict.elapsed_seconds = time.monotonic() - t1
+        verdict, _ = diagnose(job.job_id, DiagnoseOptions(how="local"))
         _print(verdict, args.json)
         if not args.json:
             rc = verdict.root_cause

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hangdx.playbooks import engine
 from hangdx.playbooks.verdict import Verdict
-from hangdx.probes.local import JobNotFound, collect_local, evidence_local
+from hangdx.probes.local import JobNotFound, collect_local, evidence_for_job
 
 # A job id reaches /proc scans, file names, Slack messages and remote scripts: keep it to a safe alphabet.
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
@@ -65,7 +65,7 @@ def collect(job_id: str, opts: DiagnoseOptions, progress: Progress | None = None
 
 def verdict_of(docs: list[dict], job_id: str) -> Verdict:
     try:
-        ev = evidence_local(docs, job_id)
+        ev = evidence_for_job(docs, job_id)
     except JobNotFound as e:
         raise DiagnosisError(str(e)) from None
     return engine.run(ev)

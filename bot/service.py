@@ -3,6 +3,7 @@ diagnosis becomes a verdict in that thread. Slack specifics stay in slack_app.py
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -198,13 +199,19 @@ class SlackNotifier:
                 log.warning("chat.update failed: %s", e.response.get("error"))
 
 
+@functools.lru_cache(maxsize=1)
+def _worker_notifier() -> SlackNotifier:
+    """One notifier per worker process: the settings are read and the client built once, not per message."""
+    return SlackNotifier(slack_client(BotConfig.from_env()))
+
+
 def notify(incident: Incident, verdict: dict[str, Any] | None, error: str | None) -> None:
     """The worker's notifier (HANGDX_NOTIFIER=hangdx.bot.service:notify): configured from the environment."""
-    SlackNotifier(slack_client(BotConfig.from_env()))(incident, verdict, error)
+    _worker_notifier()(incident, verdict, error)
 
 
 def _notify_progress(incident: Incident, done: int, total: int) -> None:
-    SlackNotifier(slack_client(BotConfig.from_env())).progress(incident, done, total)
+    _worker_notifier().progress(incident, done, total)
 
 
 notify.progress = _notify_progress  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ def collect_local(job_id: str, samples: int = 3, interval: float = 0.7) -> list[
     return [doc]
 
 
-def evidence_local(docs: list[dict], job_id: str) -> Evidence:
+def evidence_for_job(docs: list[dict], job_id: str) -> Evidence:
     found = any(a.get("kind") in ("procstate", "pyspy") for d in docs for a in d.get("artifacts") or [])
     # A host that could not be probed is evidence (it may be the dead node), not an unknown job.
     if not found and not any(d.get("problem") for d in docs):
