@@ -3,18 +3,33 @@
 Keys (all under `hangdx:`; values are strings or JSON, never pickle):
 
     hangdx:incident:<job>            hash: job_id, status, created, updated, channel, thread_ts, owner,
-                                     last_request (JSON), diagnosis (running | done | failed | interrupted)
+                                     last_request (JSON), diagnosis (queued | running | done | failed |
+                                     interrupted; queued again after its worker died)
     hangdx:incident:<job>:timeline   list of JSON {time, actor, event, detail}, append-only
     hangdx:incident:<job>:verdicts   list of JSON Verdict.to_dict(), newest last, capped at MAX_VERDICTS
     hangdx:incidents:open            set of job ids whose incident is not resolved
-    hangdx:lock:<job>                the diagnosis lock: a random token, with a TTL
+    hangdx:lock:<job>                the diagnosis lock: a random token, with a short TTL that the running
+                                     worker's heartbeat renews (so a dead worker's lock lapses soon)
+    hangdx:run:<job>                 hash: the job's diagnosis while it is queued or running: rq_job (the RQ
+                                     job that may run it), state (queued | running), tries (RQ jobs issued),
+                                     starts, request, options (JSON), queued_at, started_at, worker, pid and
+                                     ppid (the process running it and its parent, the RQ worker), lapsed_at
+                                     (when a reaper first found its lock gone)
+    hangdx:runs                      set of job ids with a run record (what reapers look at)
+    hangdx:threadclaim:<job>         held for a moment by the one request that makes the incident's thread
     hangdx:archive:<job>:<ms>[...]   a resolved incident, moved aside when the job gets a new one
+
+One diagnosis per job at a time: a request while one is queued or running joins it (claim_run); only the RQ
+job a run record names may start it (start_run), holding the lock; it ends by finish_run, which keeps the
+verdict only if no newer run took over. Reapers (requeue_run) give a run whose lock lapsed to a new RQ job,
+a bounded number of times, then mark the incident interrupted.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -32,6 +47,7 @@ from hangdx.playbooks.verdict import Culprit
 PREFIX = "hangdx:"
 STATUSES = ("investigating", "diagnosed", "acknowledged", "resolved")
 OPEN_SET = PREFIX + "incidents:open"
+RUNS_SET = PREFIX + "runs"
 MAX_VERDICTS = 20
 # Timeline events that end a diagnosis; "diagnosis_started" begins one.
 DIAGNOSIS_END = ("verdict", "diagnosis_failed", "diagnosis_interrupted")
@@ -55,7 +71,7 @@ class Incident:
     thread_ts: str | None = None
     owner: str | None = None
     last_request: dict[str, Any] | None = None
-    diagnosis: str | None = None  # running | done | failed | interrupted
+    diagnosis: str | None = None  # queued (again) | running | done | failed | interrupted
     timeline: list[dict[str, Any]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -107,6 +123,14 @@ def _event(actor: str, event: str, detail: str = "", now: float | None = None) -
     return {"time": time.time() if now is None else now, "actor": actor, "event": event, "detail": detail}
 
 
+def _verdict_event(verdict: dict[str, Any], actor: str, now: float | None = None) -> dict[str, Any]:
+    rc = verdict.get("root_cause") or {}
+    detail = f"{verdict.get('status', '?')}: {rc.get('category', 'no finding')}"
+    if rc:
+        detail += f" ({culprit_text(Culprit(**rc.get('culprit', {})))})"
+    return _event(actor, "verdict", detail, now)
+
+
 # Open a new incident, or join the open one, in one step so that concurrent requests make exactly one.
 # KEYS: incident hash, timeline, verdicts, open set, archive hash, archive timeline, archive verdicts
 # ARGV: job, now, request JSON, "opened" event JSON, "joined" event JSON, channel, thread_ts
@@ -153,6 +177,157 @@ return old
 """
 
 
+# -- diagnosis runs (see the module's docstring) ---------------------------------------------------------
+
+# Coalesce: join the job's queued or running diagnosis, else claim a new one for RQ job ARGV[2].
+# KEYS: run, runs. ARGV: job, rq id, request JSON, options JSON, now. Returns {claimed 0|1, rq id to wait for}.
+_CLAIM = """
+local cur = redis.call('HGET', KEYS[1], 'rq_job')
+if cur then return {0, cur} end
+redis.call('HSET', KEYS[1], 'rq_job', ARGV[2], 'state', 'queued', 'tries', 1, 'starts', 0,
+           'request', ARGV[3], 'options', ARGV[4], 'queued_at', ARGV[5])
+redis.call('SADD', KEYS[2], ARGV[1])
+return {1, ARGV[2]}
+"""
+
+# Start the run named by the record (or, for a direct call without RQ, a run of its own), taking the lock.
+# KEYS: run, runs, lock, incident, timeline. ARGV: job, rq id, token, ttl ms, now, "started" event JSON,
+# request JSON, options JSON, worker, pid, ppid, direct (1|0). Returns -1 stale, 0 locked, else the start no.
+_START = """
+local cur = redis.call('HGET', KEYS[1], 'rq_job')
+if cur then
+  if cur ~= ARGV[2] or redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return -1 end
+elseif ARGV[12] ~= '1' then
+  return -1
+end
+if not redis.call('SET', KEYS[3], ARGV[3], 'NX', 'PX', ARGV[4]) then return 0 end
+if not cur then
+  redis.call('HSET', KEYS[1], 'tries', 1, 'request', ARGV[7], 'options', ARGV[8], 'queued_at', ARGV[5])
+  redis.call('SADD', KEYS[2], ARGV[1])
+end
+local n = redis.call('HINCRBY', KEYS[1], 'starts', 1)
+redis.call('HSET', KEYS[1], 'rq_job', ARGV[2], 'state', 'running', 'started_at', ARGV[5], 'worker', ARGV[9],
+           'pid', ARGV[10], 'ppid', ARGV[11])
+redis.call('HDEL', KEYS[1], 'lapsed_at')
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('RPUSH', KEYS[5], ARGV[6])
+  redis.call('HSET', KEYS[4], 'diagnosis', 'running', 'updated', ARGV[5])
+end
+return n
+"""
+
+# The heartbeat: extend our lock; if it lapsed (Redis was down) and the run is still ours, take it back.
+# KEYS: lock, run. ARGV: token, ttl ms, rq id. Returns 1 renewed, 2 taken back, 0 lost to another run.
+_RENEW = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif not v and redis.call('HGET', KEYS[2], 'rq_job') == ARGV[3]
+       and redis.call('HGET', KEYS[2], 'state') == 'running' then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  v = false
+else
+  return 0
+end
+redis.call('HDEL', KEYS[2], 'lapsed_at')
+if v then return 1 end
+return 2
+"""
+
+# End a run: keep its verdict (or failure) unless another run holds the lock or started after it; drop the
+# run record and the lock in the same step. KEYS: run, runs, lock, incident, timeline, verdicts.
+# ARGV: job, token, rq id, now, kind (verdict | failed), event JSON, verdict JSON, max verdicts.
+_FINISH = """
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[2] then return 0 end
+if redis.call('HGET', KEYS[1], 'state') == 'running' and redis.call('HGET', KEYS[1], 'rq_job') ~= ARGV[3] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+if holder then redis.call('DEL', KEYS[3]) end
+if redis.call('EXISTS', KEYS[4]) == 0 then return 1 end
+redis.call('RPUSH', KEYS[5], ARGV[6])
+if ARGV[5] == 'verdict' then
+  redis.call('RPUSH', KEYS[6], ARGV[7])
+  redis.call('LTRIM', KEYS[6], -tonumber(ARGV[8]), -1)
+  redis.call('HSET', KEYS[4], 'updated', ARGV[4], 'diagnosis', 'done')
+  if redis.call('HGET', KEYS[4], 'status') == 'investigating' then redis.call('HSET', KEYS[4], 'status', 'diagnosed') end
+else
+  redis.call('HSET', KEYS[4], 'updated', ARGV[4], 'diagnosis', 'failed')
+end
+return 1
+"""
+
+# A reaper's look at one run whose RQ job is not (or no longer) waiting. KEYS: run, runs, lock, incident,
+# timeline. ARGV: job, rq id the reaper saw, new rq id, max tries, now, confirm s, grace s, "requeued" event
+# JSON (@TRY@ stands for the try number), "interrupted" event JSON. Returns {what, tries}: gone (another
+# reaper or the run itself got there first), alive (its lock is held), wait, requeued, gave_up.
+_REQUEUE = """
+if redis.call('HGET', KEYS[1], 'rq_job') ~= ARGV[2] then return {'gone', 0} end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HDEL', KEYS[1], 'lapsed_at')
+  return {'alive', 0}
+end
+local now = tonumber(ARGV[5])
+if redis.call('HGET', KEYS[1], 'state') == 'running' then
+  local seen = redis.call('HGET', KEYS[1], 'lapsed_at')
+  if not seen then
+    redis.call('HSET', KEYS[1], 'lapsed_at', ARGV[5])
+    return {'wait', 0}
+  end
+  if now - tonumber(seen) < tonumber(ARGV[6]) then return {'wait', 0} end
+elseif now - tonumber(redis.call('HGET', KEYS[1], 'queued_at') or 0) < tonumber(ARGV[7]) then
+  return {'wait', 0}
+end
+local tries = tonumber(redis.call('HGET', KEYS[1], 'tries') or '1')
+local has_incident = redis.call('EXISTS', KEYS[4]) == 1
+if tries >= tonumber(ARGV[4]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('SREM', KEYS[2], ARGV[1])
+  if has_incident then
+    redis.call('RPUSH', KEYS[5], ARGV[9])
+    redis.call('HSET', KEYS[4], 'diagnosis', 'interrupted', 'updated', ARGV[5])
+  end
+  return {'gave_up', tries}
+end
+redis.call('HSET', KEYS[1], 'rq_job', ARGV[3], 'state', 'queued', 'queued_at', ARGV[5], 'tries', tries + 1)
+redis.call('HDEL', KEYS[1], 'lapsed_at')
+if has_incident then
+  redis.call('RPUSH', KEYS[5], (string.gsub(ARGV[8], '@TRY@', tostring(tries + 1))))
+  redis.call('HSET', KEYS[4], 'diagnosis', 'queued', 'updated', ARGV[5])
+end
+return {'requeued', tries + 1}
+"""
+
+# Mark interrupted a diagnosis left "running" with no run record and no lock (from before run records).
+# KEYS: incident, timeline, run, lock. ARGV: event JSON, now.
+_ORPHAN = """
+if redis.call('HGET', KEYS[1], 'diagnosis') ~= 'running' or redis.call('EXISTS', KEYS[3]) == 1
+   or redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'diagnosis', 'interrupted', 'updated', ARGV[2])
+return 1
+"""
+
+
+def _run_key(job: str) -> str:
+    return f"{PREFIX}run:{job}"
+
+
+def _lock_key(job: str) -> str:
+    return f"{PREFIX}lock:{job}"
+
+
+def _run_keys(job: str) -> list[str]:
+    """run, runs, lock, incident, timeline: the keys the run scripts start with."""
+    return [_run_key(job), RUNS_SET, _lock_key(job), _key(job), _key(job) + ":timeline"]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
 class IncidentStore:
     """Incidents of jobs, kept in Redis (any redis-py client, decode_responses on or off)."""
 
@@ -163,6 +338,13 @@ class IncidentStore:
         self._open_or_join = client.register_script(_OPEN_OR_JOIN)
         self._release = client.register_script(_RELEASE)
         self._set_status = client.register_script(_SET_STATUS)
+        self._scripts = {
+            name: client.register_script(src)
+            for name, src in (
+                ("claim", _CLAIM), ("start", _START), ("renew", _RENEW), ("finish", _FINISH),
+                ("requeue", _REQUEUE), ("orphan", _ORPHAN),
+            )
+        }  # fmt: skip
 
     # -- incidents -------------------------------------------------------------------------------
 
@@ -269,11 +451,7 @@ class IncidentStore:
     def add_verdict(self, job: str, verdict: dict[str, Any], actor: str = "hangdx") -> None:
         """Keep a verdict (Verdict.to_dict()); an investigating incident becomes diagnosed."""
         base = self._require(job)
-        rc = verdict.get("root_cause") or {}
-        detail = f"{verdict.get('status', '?')}: {rc.get('category', 'no finding')}"
-        if rc:
-            detail += f" ({culprit_text(Culprit(**rc.get('culprit', {})))})"
-        ev = _event(actor, "verdict", detail)
+        ev = _verdict_event(verdict, actor)
         pipe = self.r.pipeline(transaction=True)
         pipe.rpush(base + ":verdicts", json.dumps(verdict))
         pipe.ltrim(base + ":verdicts", -MAX_VERDICTS, -1)
@@ -309,6 +487,127 @@ class IncidentStore:
         self.add_event(
             job, actor, "diagnosis_interrupted", "the worker stopped mid-diagnosis", diagnosis="interrupted"
         )
+
+    # -- diagnosis runs: one per job at a time, re-queued when its worker dies -------------------
+
+    @_unavailable
+    def claim_run(
+        self, job: str, rq_id: str, request: dict[str, Any], options: dict[str, Any]
+    ) -> tuple[str, bool]:
+        """Claim the job's next diagnosis for RQ job `rq_id`, or join the one queued or running: (the RQ job
+        id that will answer, whether this call claimed it and so must enqueue `rq_id`)."""
+        claimed, rq = self._scripts["claim"](
+            keys=[_run_key(job), RUNS_SET],
+            args=[job, rq_id, json.dumps(request), json.dumps(options), repr(time.time())],
+        )
+        return _s(rq), bool(claimed)
+
+    @_unavailable
+    def start_run(
+        self,
+        job: str,
+        rq_id: str,
+        token: str,
+        ttl: float,
+        *,
+        request: dict[str, Any],
+        options: dict[str, Any],
+        worker: str,
+        detail: str,
+        direct: bool = False,
+        actor: str = "hangdx",
+    ) -> int:
+        """Begin the diagnosis claimed for `rq_id` (or, `direct`, one without RQ), holding the lock with
+        `token` for `ttl` s: the start number (1, 2 after a re-queue, ...), 0 when another run holds the lock,
+        -1 when `rq_id` is not the run the record waits for (a duplicate, or its diagnosis already ended)."""
+        now = time.time()
+        ev = _event(actor, "diagnosis_started", detail, now)
+        args = [job, rq_id, token, _ms(ttl), repr(now), json.dumps(ev), json.dumps(request)]
+        args += [json.dumps(options), worker, os.getpid(), os.getppid(), "1" if direct else "0"]
+        return int(self._scripts["start"](keys=_run_keys(job), args=args))
+
+    @_unavailable
+    def renew(self, job: str, token: str, rq_id: str, ttl: float) -> int:
+        """The running diagnosis's heartbeat: 1 renewed, 2 lapsed and taken back, 0 lost to another run."""
+        return int(
+            self._scripts["renew"](keys=[_lock_key(job), _run_key(job)], args=[token, _ms(ttl), rq_id])
+        )
+
+    @_unavailable
+    def finish_run(
+        self,
+        job: str,
+        token: str,
+        rq_id: str,
+        verdict: dict[str, Any] | None,
+        error: str | None = None,
+        actor: str = "hangdx",
+    ) -> bool:
+        """End the run with its verdict (or `error`), release the lock; False, keeping nothing, when another
+        run of the job took over (its own verdict will answer)."""
+        now = time.time()
+        if verdict is not None:
+            kind, ev = "verdict", _verdict_event(verdict, actor, now)
+        else:
+            kind, ev = "failed", _event(actor, "diagnosis_failed", error or "", now)
+        keys = [*_run_keys(job), _key(job) + ":verdicts"]
+        args = [job, token, rq_id, repr(now), kind, json.dumps(ev), json.dumps(verdict), MAX_VERDICTS]
+        return bool(self._scripts["finish"](keys=keys, args=args))
+
+    @_unavailable
+    def runs(self) -> list[tuple[str, dict[str, str]]]:
+        """(job, run record) of every diagnosis queued or running."""
+        jobs = sorted(_s(j) for j in self.r.smembers(RUNS_SET))
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hgetall(_run_key(job))
+        # (A run that ended between the two reads has no record left: skipped.)
+        recs = zip(jobs, pipe.execute(), strict=True)
+        return [(job, {_s(k): _s(v) for k, v in rec.items()}) for job, rec in recs if rec]
+
+    @_unavailable
+    def requeue_run(
+        self, job: str, seen_rq: str, new_rq: str, *, tries: int, confirm: float, grace: float
+    ) -> tuple[str, int]:
+        """A reaper's step for a run whose RQ job is not waiting: ("requeued", try) when `new_rq` now owns it,
+        ("gave_up", tries) after `tries` (the incident is marked interrupted), else ("alive" | "wait" | "gone",
+        0). Atomic: of several reapers, one re-queues a lapsed run, once."""
+        now = time.time()
+        requeued = _event(
+            "hangdx", "diagnosis_requeued", f"the worker stopped answering; try @TRY@ of {tries}", now
+        )
+        gave_up = _event(
+            "hangdx", "diagnosis_interrupted", f"the worker stopped answering ({tries} tries)", now
+        )
+        args = [
+            job,
+            seen_rq,
+            new_rq,
+            tries,
+            repr(now),
+            confirm,
+            grace,
+            json.dumps(requeued),
+            json.dumps(gave_up),
+        ]
+        what, n = self._scripts["requeue"](keys=_run_keys(job), args=args)
+        return _s(what), int(n)
+
+    @_unavailable
+    def interrupt_orphan(self, job: str, actor: str = "hangdx") -> bool:
+        """Mark interrupted a diagnosis left "running" with neither a run record nor a lock; whether it was."""
+        ev = _event(actor, "diagnosis_interrupted", "the worker stopped mid-diagnosis")
+        keys = [_key(job), _key(job) + ":timeline", _run_key(job), _lock_key(job)]
+        return bool(self._scripts["orphan"](keys=keys, args=[json.dumps(ev), repr(ev["time"])]))
+
+    @_unavailable
+    def claim_thread(self, job: str, ttl: float) -> bool:
+        """Whether this caller may make the incident's Slack thread now (held `ttl` s, or until released)."""
+        return bool(self.r.set(f"{PREFIX}threadclaim:{job}", "1", nx=True, px=_ms(ttl)))
+
+    @_unavailable
+    def release_thread(self, job: str) -> None:
+        self.r.delete(f"{PREFIX}threadclaim:{job}")
 
     # -- the diagnosis lock ----------------------------------------------------------------------
 

@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any
 
+import redis
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 
 from hangdx.bot.artifacts import load_stacks
 from hangdx.bot.blocks import handoff_blocks, progress_text, status_blocks, verdict_blocks, verdict_text
-from hangdx.bot.config import BotConfig
+from hangdx.bot.config import BotConfig, ConfigError
 from hangdx.bot.diagnosis import DiagnoseOptions
 from hangdx.bot.incidents import Incident, IncidentStore, connect
-from hangdx.bot.queue import enqueue_diagnosis
+from hangdx.bot.queue import Reaper, check_settings, queue_diagnosis, reap
 from hangdx.bot.request import DiagnoseRequest
 from hangdx.probes.collector import redact
 
 log = logging.getLogger("hangdx.service")
+HUMAN_SOURCES = ("slash", "mention", "button")
+THREAD_WAIT = 30.0  # seconds a request waits for another one making the incident's thread (Slack retries)
 
 
 def slack_client(cfg: BotConfig) -> WebClient:
@@ -51,53 +55,96 @@ class Service:
         self.conn = redis_client if redis_client is not None else connect(cfg.redis_url)
         self.store = IncidentStore(self.conn)
         self.client = client or slack_client(cfg)
+        self._reaper: Reaper | None = None
 
     def options(self, req: DiagnoseRequest) -> DiagnoseOptions:
         how = f"hosts:{','.join(req.hosts)}" if req.hosts else self.cfg.resolver
         return DiagnoseOptions(how=how)
 
     def submit(self, req: DiagnoseRequest) -> str:
-        """Open (or join) the job's incident, give it a thread, queue the diagnosis; the RQ job id."""
+        """Open (or join) the job's incident, give it one thread, queue the diagnosis (or join the one queued or
+        running); the RQ job id that will answer."""
         inc, is_new = self.store.open_or_join(req)
         channel = inc.channel or req.channel or self.cfg.alert_channel
         if channel and not inc.thread_ts:
-            ts = req.thread_ts
-            if ts is None:
-                what = f" ({redact(req.summary)[:200]})" if req.summary else ""
-                posted = _post(self.client, channel=channel, text=f"{progress_text(req.job_id, 0, 0)}{what}")
-                ts = (posted or {}).get("ts")
-            if ts:
-                self.store.set_thread(req.job_id, channel, ts)
-        elif channel and not is_new:
+            inc = self._make_thread(req, channel) or inc
+        rq_id, joined = queue_diagnosis(self.conn, req, self.options(req))
+        # A person asking is news to the thread; a repeated alert is not (the timeline keeps it).
+        if channel and inc.thread_ts and not is_new and req.source in HUMAN_SOURCES:
             who = f"<@{req.requested_by}>" if req.requested_by.startswith(("U", "W")) else req.requested_by
+            also = "; the diagnosis under way will answer here" if joined else ""
             _post(
                 self.client,
-                channel=channel,
+                channel=inc.channel or channel,
                 thread_ts=inc.thread_ts,
-                text=f"Another {req.source} for job {req.job_id} from {who} joined this incident.",
+                text=f"Another {req.source} for job {req.job_id} from {who} joined this incident{also}.",
             )
-        return enqueue_diagnosis(self.conn, req, self.options(req))
+        return rq_id
 
-    def recover(self) -> list[str]:
-        """At start-up: end every diagnosis left running with nobody holding its lock; the jobs it ended."""
+    def _make_thread(self, req: DiagnoseRequest, channel: str) -> Incident | None:
+        """The incident's thread, made by exactly one of the requests racing for it; the others wait for it
+        (so that none of them queues a diagnosis whose verdict would have no thread to go to)."""
+        job = req.job_id
+        end = time.monotonic() + THREAD_WAIT
+        while True:
+            if self.store.claim_thread(job, THREAD_WAIT):
+                try:
+                    inc = self.store.get(job)
+                    if inc is not None and not inc.thread_ts:
+                        ts = req.thread_ts or self._post_parent(req, channel)
+                        if ts:
+                            self.store.set_thread(job, channel, ts)
+                finally:
+                    self.store.release_thread(job)
+                return self.store.get(job)
+            inc = self.store.get(job)
+            if inc is None or inc.thread_ts or time.monotonic() > end:
+                return inc
+            time.sleep(0.05)
+
+    def _post_parent(self, req: DiagnoseRequest, channel: str) -> str | None:
+        what = f" ({redact(req.summary)[:200]})" if req.summary else ""
+        posted = _post(self.client, channel=channel, text=f"{progress_text(req.job_id, 0, 0)}{what}")
+        return (posted or {}).get("ts")
+
+    def reap(self) -> list[tuple[str, str]]:
+        """One reaper pass (queue.reap), saying what it did in each incident's thread."""
+        return reap(self.conn, self._say)
+
+    def _say(self, inc: Incident, text: str) -> None:
+        SlackNotifier(self.client).say(inc, text)
+
+    def recover(self, watch: bool = True) -> list[str]:
+        """At start-up: end every diagnosis left running from before run records, with nobody holding its lock,
+        and run the reaper (once, and with `watch` every HANGDX_REAP_INTERVAL s from now on); the jobs whose
+        diagnosis it marked interrupted."""
+        try:
+            check_settings()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         ended: list[str] = []
         for inc in self.store.in_flight():
             job = inc.job_id
-            if self.store.locked(job):
-                continue  # a live worker is still diagnosing it
-            self.store.mark_interrupted(job)
+            if not self.store.interrupt_orphan(job):
+                continue  # a live worker is still diagnosing it, or its run record will be reaped
             ended.append(job)
-            if inc.channel:
-                _post(
-                    self.client,
-                    channel=inc.channel,
-                    thread_ts=inc.thread_ts,
-                    text=(
-                        f"The diagnosis of job {job} was interrupted (the bot or its worker restarted); "
-                        f"press Re-run or /diagnose {job}."
-                    ),
-                )
+            self._say(
+                inc,
+                f"The diagnosis of job {job} was interrupted (the bot or its worker restarted); "
+                f"press Re-run or /diagnose {job}.",
+            )
+        ended += [job for job, what in self.reap() if what == "interrupted"]
+        if watch and self._reaper is None:
+            self._reaper = Reaper(self.conn, self._say).start()
         return ended
+
+    def health(self) -> dict[str, Any]:
+        """For /healthz: whether Redis answers (the bot still answers Slack when it does not)."""
+        try:
+            self.conn.ping()
+        except redis.exceptions.RedisError as e:
+            return {"ok": False, "redis": f"unavailable: {' '.join(str(e).split())[:200]}"}
+        return {"ok": True, "redis": "ok"}
 
     def report(self, kind: str) -> tuple[str, list[dict]]:
         """`/diagnose status|handoff`: the open incidents as (fallback text, blocks)."""
@@ -171,6 +218,11 @@ class SlackNotifier:
         except (SlackApiError, OSError) as e:
             log.warning("chat.update (progress) failed: %s", e)
 
+    def say(self, incident: Incident, text: str) -> None:
+        """A line in the incident's thread (the reaper's "queued again" or "interrupted")."""
+        if incident.channel:
+            _post(self.client, channel=incident.channel, thread_ts=incident.thread_ts, text=redact(text))
+
     def __call__(self, incident: Incident, verdict: dict[str, Any] | None, error: str | None) -> None:
         if not incident.channel:
             return
@@ -214,4 +266,9 @@ def _notify_progress(incident: Incident, done: int, total: int) -> None:
     _worker_notifier().progress(incident, done, total)
 
 
+def _notify_say(incident: Incident, text: str) -> None:
+    _worker_notifier().say(incident, text)
+
+
 notify.progress = _notify_progress  # type: ignore[attr-defined]
+notify.say = _notify_say  # type: ignore[attr-defined]

@@ -1,20 +1,59 @@
-"""`hangdx worker`: an RQ worker on the "hangdx" queue (python -m hangdx.bot.worker [REDIS_URL] [--burst])."""
+"""`hangdx worker`: an RQ worker on the "hangdx" queue (python -m hangdx.bot.worker [REDIS_URL] [--burst]).
+
+Besides running diagnoses it runs the reaper (queue.reap) every HANGDX_REAP_INTERVAL seconds, and it outlives
+Redis restarts: when RQ's loop gives up on a lost connection, the worker waits for Redis and starts again
+(SIGTERM or SIGINT while waiting ends it cleanly). A diagnosis running meanwhile keeps its verdict by retrying.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
+import threading
 
 import redis
 from rq import Worker
 from rq.serializers import JSONSerializer
 
-from hangdx.bot.queue import DEFAULT_REDIS_URL, queue
+from hangdx.bot.queue import DEFAULT_REDIS_URL, Reaper, check_settings, notifier_say, queue
+
+log = logging.getLogger("hangdx.worker")
+
+
+class HangdxWorker(Worker):
+    """RQ's forking worker, whose heartbeats while a diagnosis runs survive a Redis outage."""
+
+    def maintain_heartbeats(self, job, execution):  # noqa: ANN001 - RQ's signature
+        try:
+            super().maintain_heartbeats(job, execution)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            self.log.warning("Worker %s: heartbeat skipped, redis is unavailable: %s", self.name, e)
+
+
+def _wait_for_redis(conn: redis.Redis, stop: threading.Event) -> bool:
+    """Ping with backoff until Redis answers (True) or a stop signal comes (False)."""
+    wait = 0.5
+    while not stop.is_set():
+        try:
+            conn.ping()
+            return True
+        except redis.exceptions.RedisError as e:
+            log.warning("hangdx worker: redis is unavailable (%s); trying again in %.1f s", e, wait)
+            stop.wait(wait)
+            wait = min(wait * 2, 30.0)
+    return False
 
 
 def main(redis_url: str | None = None, burst: bool = False) -> int:
     """Run a worker until stopped (or, with burst, until the queue is empty); 0 on a clean stop."""
     url = redis_url or os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+    try:
+        check_settings()
+    except ValueError as e:
+        print(f"hangdx worker: {e}", file=sys.stderr)
+        return 2
     # RQ needs raw bytes from Redis (decode_responses off); the timeout keeps a dead Redis from hanging start-up.
     conn = redis.Redis.from_url(url, socket_connect_timeout=5)
     try:
@@ -22,13 +61,31 @@ def main(redis_url: str | None = None, burst: bool = False) -> int:
     except redis.exceptions.RedisError as e:
         print(f"hangdx worker: redis at {url} is unavailable: {e}", file=sys.stderr)
         return 1
-    worker = Worker([queue(conn)], connection=conn, serializer=JSONSerializer)
+    reaper = None if burst else Reaper(redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10))
+    if reaper is not None:
+        reaper.say = notifier_say()
+        reaper.start()
+    stop = threading.Event()
     try:
-        worker.work(burst=burst, with_scheduler=False)
-    except redis.exceptions.ConnectionError as e:
-        print(f"hangdx worker: lost redis at {url}: {e}", file=sys.stderr)
-        return 1
-    return 0
+        while True:
+            worker = HangdxWorker([queue(conn)], connection=conn, serializer=JSONSerializer)
+            try:
+                worker.work(burst=burst, with_scheduler=False)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+                print(f"hangdx worker: lost redis at {url}: {e}", file=sys.stderr)
+                if worker.pubsub_thread is not None:  # RQ's teardown stopped before ending it
+                    worker.pubsub_thread.stop()
+            if burst or worker._stop_requested or worker._shutdown_requested_date is not None:
+                return 0
+            # RQ's loop ended on a Redis error (it only retries while waiting for a job): wait and go on.
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            if not _wait_for_redis(conn, stop) or stop.wait(1.0):  # (never restart in a tight loop)
+                return 0
+            print(f"hangdx worker: redis at {url} is back; working again", file=sys.stderr)
+    finally:
+        if reaper is not None:
+            reaper.stop()
 
 
 if __name__ == "__main__":

@@ -135,6 +135,34 @@ def test_ten_concurrent_requests_make_one_incident(store: IncidentStore) -> None
 
 
 @needs_redis
+def test_ten_concurrent_claims_make_one_diagnosis_run(store: IncidentStore) -> None:
+    barrier = threading.Barrier(10)
+    results: list[tuple[str, bool]] = []
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        results.append(store.claim_run("job-1", f"rq-{i}", {"job_id": "job-1"}, {}))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    [winner] = [rq for rq, claimed in results if claimed]
+    assert sorted(results) == sorted([(winner, True)] + [(winner, False)] * 9)
+    assert [(job, rec["rq_job"], rec["state"]) for job, rec in store.runs()] == [("job-1", winner, "queued")]
+    # Only the claimed RQ job may start it; once it ended, a new request claims a new run.
+    store.open_or_join(req())
+    assert store.start_run("job-1", "rq-x", "t", 5, request={}, options={}, worker="w", detail="") == -1
+    assert store.start_run("job-1", winner, "t", 5, request={}, options={}, worker="w", detail="") == 1
+    assert store.locked("job-1") and store.claim_run("job-1", "rq-y", {}, {}) == (winner, False)
+    assert store.finish_run("job-1", "t", winner, None, "no such job") is True
+    assert not store.locked("job-1") and store.runs() == []
+    assert store.get("job-1").diagnosis == "failed"
+    assert store.claim_run("job-1", "rq-z", {}, {}) == ("rq-z", True)
+
+
+@needs_redis
 def test_join_keeps_thread_and_a_resolved_incident_is_archived(store: IncidentStore) -> None:
     inc, is_new = store.open_or_join(req(channel="C1", thread_ts="1.5"))
     assert is_new and (inc.channel, inc.thread_ts) == ("C1", "1.5")

@@ -119,7 +119,7 @@ def events(store: IncidentStore, job: str) -> list[str]:
 
 
 @needs_redis
-def test_workers_diagnose_a_missing_rank_and_skip_a_concurrent_repeat(
+def test_workers_diagnose_a_missing_rank_a_repeat_joins_and_a_duplicate_is_skipped(
     conn: redis.Redis, workers: list[subprocess.Popen], fake_job: str
 ) -> None:
     store = IncidentStore(conn)
@@ -136,9 +136,15 @@ def test_workers_diagnose_a_missing_rank_and_skip_a_concurrent_repeat(
     again = DiagnoseRequest(job_id=fake_job, source="mention", requested_by="U_BOB")
     _, is_new = store.open_or_join(again)
     assert not is_new
-    second = hq.enqueue_diagnosis(conn, again, DiagnoseOptions(samples=1, interval=0))
-    assert second != first
-    wait_for("the repeat to be skipped", lambda: "diagnosis_skipped" in events(store, fake_job))
+    # The repeat joins the diagnosis under way: the same RQ job answers both.
+    assert hq.queue_diagnosis(conn, again, DiagnoseOptions(samples=1, interval=0)) == (first, True)
+    # An RQ job queued around the coalescing (a script, an operator) is not the job's run: skipped.
+    dup = (
+        hq.queue(conn)
+        .enqueue("hangdx.bot.queue.run_diagnosis", again.to_dict(), {"samples": 1, "interval": 0})
+        .id
+    )
+    wait_for("the duplicate to be skipped", lambda: "diagnosis_skipped" in events(store, fake_job))
     wait_for("the verdict", lambda: store.get(fake_job).verdicts)
 
     inc = store.get(fake_job)
@@ -154,11 +160,13 @@ def test_workers_diagnose_a_missing_rank_and_skip_a_concurrent_repeat(
         "verdict",
     ]
     skipped = next(e for e in inc.timeline if e["event"] == "diagnosis_skipped")
-    assert skipped["detail"] == "another diagnosis of this job is running"
+    assert skipped["detail"] == "not the diagnosis queued for this job"
     wait_for("the lock's release by its owner", lambda: not store.locked(fake_job))
+    assert store.runs() == []  # no run left queued or running
+    assert hq.queue(conn).fetch_job(dup).return_value() == {"job_id": fake_job, "skipped": True}
 
     notified = wait_for("the notifier", lambda: conn.lrange("test:notified", 0, -1))
-    assert len(notified) == 1  # the skipped repeat notifies nobody
+    assert len(notified) == 1  # the joined repeat and the skipped duplicate notify nobody more
     call = json.loads(notified[0])
     assert call == {**call, "job": fake_job, "status": "diagnosed", "category": "rank_crashed", "ranks": [2]}
     assert call["error"] is None and call["pid"] not in (os.getpid(),)
@@ -186,7 +194,7 @@ def test_a_diagnosis_error_is_on_the_timeline_and_notified(
     assert [e["event"] for e in inc.timeline] == ["opened", "diagnosis_started", "diagnosis_failed"]
     assert inc.timeline[-1]["detail"] == out["error"]
     assert calls == [("no-such-job-4711", "investigating", None, out["error"])]
-    assert not store.locked("no-such-job-4711") and store.in_flight() == []
+    assert not store.locked("no-such-job-4711") and store.in_flight() == [] and store.runs() == []
 
 
 @needs_redis
@@ -201,6 +209,9 @@ def test_enqueue_rejects_a_bad_job_id_and_uses_json(conn: redis.Redis) -> None:
     raw = conn.hget(f"rq:job:{jid}", "data")
     assert json.loads(zlib.decompress(raw))[0] == "hangdx.bot.queue.run_diagnosis"  # JSON, not pickle
     assert hq.queue(conn).count == 1
+    # Asked again before a worker took it: the same queued diagnosis, not a second one.
+    again = DiagnoseRequest(job_id="j1", source="alert", requested_by="alertmanager")
+    assert hq.enqueue_diagnosis(conn, again, DiagnoseOptions()) == jid and hq.queue(conn).count == 1
 
 
 def test_worker_and_enqueue_fail_fast_without_redis() -> None:

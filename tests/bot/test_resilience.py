@@ -66,8 +66,9 @@ def queued(service: Service) -> list[str]:
 
 
 def _started(service: Service, job: str) -> str:
-    """An incident whose worker began a diagnosis (and then, unless it holds the lock, died)."""
-    service.submit(req(job))
+    """An incident whose diagnosis began before run records existed (and then, unless it holds the lock, died)."""
+    service.store.open_or_join(req(job))
+    service.store.set_thread(job, CHANNEL, f"1700000001.{len(job):06d}{job[-1]}")
     service.store.add_event(
         job, "hangdx", "diagnosis_started", "on node:1 for U0ONCALL01", diagnosis="running"
     )
@@ -79,8 +80,8 @@ def test_recover_ends_an_orphaned_diagnosis_and_says_so_once_in_its_thread(servi
     live_ts = _started(service, "job-live")
     with service.store.lock("job-live", 60) as got:
         assert got
-        assert service.recover() == ["job-dead"]
-        assert service.recover() == []  # a second start-up finds nothing left to end
+        assert service.recover(watch=False) == ["job-dead"]
+        assert service.recover(watch=False) == []  # a second start-up finds nothing left to end
     dead = service.store.get("job-dead")
     assert dead.diagnosis == "interrupted"
     assert dead.timeline[-1]["event"] == "diagnosis_interrupted"
@@ -94,15 +95,126 @@ def test_recover_ends_an_orphaned_diagnosis_and_says_so_once_in_its_thread(servi
     )
 
 
-def test_recover_leaves_finished_and_resolved_incidents_alone(service, slack):
+def test_recover_leaves_finished_queued_and_resolved_incidents_alone(service, slack):
     service.submit(req("job-done"))
     service.store.add_event("job-done", "hangdx", "diagnosis_started", diagnosis="running")
     service.store.add_event("job-done", "hangdx", "diagnosis_failed", "no such job", diagnosis="failed")
     service.submit(req("job-gone"))
     service.store.add_event("job-gone", "hangdx", "diagnosis_started", diagnosis="running")
     service.store.set_status("job-gone", "resolved", "U0ONCALL01")
-    assert service.recover() == []
-    assert not [c for c in slack.calls_to("chat.postMessage") if INTERRUPTED in c.body.get("text", "")]
+    service.submit(req("job-waits"))  # queued, no worker free yet
+    assert service.recover(watch=False) == []
+    assert not [c for c in slack.calls_to("chat.postMessage") if "interrupted" in c.body.get("text", "")]
+    assert sorted(queued(service)) == ["job-done", "job-gone", "job-waits"]
+
+
+REQUEUED = "stopped answering; the diagnosis is queued again"
+
+
+def _run_dies(service: Service, job: str, rq_id: str) -> str:
+    """A worker starts the run of RQ job `rq_id` and dies at once: its lock is never renewed."""
+    token = "dead-worker-token"
+    n = service.store.start_run(
+        job, rq_id, token, 0.3, request=req(job).to_dict(), options={}, worker="node:1", detail="dies"
+    )
+    assert n > 0
+    return token
+
+
+def test_reapers_requeue_a_dead_workers_diagnosis_once_then_give_up(service, slack, monkeypatch):
+    monkeypatch.setenv("HANGDX_LOCK_TTL", "0.3")
+    monkeypatch.setenv("HANGDX_DIAGNOSIS_TRIES", "2")
+    first = service.submit(req("job-k"))
+    thread = service.store.get("job-k").thread_ts
+    queue(service.conn).remove(first)  # taken by a worker...
+    _run_dies(service, "job-k", first)  # ...that dies mid-diagnosis
+    assert service.reap() == []  # its lock still holds
+    time.sleep(0.4)
+    assert service.reap() == []  # lapsed: noted, and confirmed half a TTL later
+    time.sleep(0.2)
+    # Several reapers at once (every worker and serve run one): exactly one re-queues it.
+    results: list = []
+    barrier = threading.Barrier(4)
+
+    def one() -> None:
+        barrier.wait()
+        results.extend(Service(service.cfg, client=service.client).reap())
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [("job-k", "requeued")]
+    [second] = queue(service.conn).get_jobs()
+    assert second.id != first and second.args[0]["job_id"] == "job-k"
+    # The first RQ job can never start again (RQ handing an abandoned job out again, say): a second run refused.
+    assert (
+        service.store.start_run("job-k", first, "t", 5, request={}, options={}, worker="w", detail="again")
+        == -1
+    )
+    said = [c.body for c in slack.calls_to("chat.postMessage") if REQUEUED in c.body.get("text", "")]
+    assert [(b["thread_ts"], b["text"]) for b in said] == [
+        (thread, f"The worker diagnosing job job-k {REQUEUED} (try 2 of 2).")
+    ]
+    # The second try dies too: the bound is reached, the incident is interrupted with Re-run advice, once.
+    queue(service.conn).remove(second.id)
+    _run_dies(service, "job-k", second.id)
+    time.sleep(0.4)
+    assert service.reap() == []
+    time.sleep(0.2)
+    assert service.reap() == [("job-k", "interrupted")]
+    assert service.reap() == [] and service.store.runs() == [] and queued(service) == []
+    inc = service.store.get("job-k")
+    assert inc.diagnosis == "interrupted" and inc.verdicts == []
+    assert [e["event"] for e in inc.timeline if e["event"].startswith("diagnosis")] == [
+        "diagnosis_started",
+        "diagnosis_requeued",
+        "diagnosis_started",
+        "diagnosis_interrupted",
+    ]
+    gave_up = [c.body["text"] for c in slack.calls_to("chat.postMessage") if "interrupted" in c.body["text"]]
+    assert gave_up == [
+        "The diagnosis of job job-k was interrupted (its worker stopped answering, 2 tries); "
+        "press Re-run or /diagnose job-k."
+    ]
+    # Re-run starts a fresh diagnosis.
+    assert service.submit(req("job-k")) not in (first, second.id)
+    assert queued(service) == ["job-k"]
+
+
+def test_a_live_run_is_never_reaped_and_a_late_verdict_of_a_requeued_run_is_kept_once(service, monkeypatch):
+    monkeypatch.setenv("HANGDX_LOCK_TTL", "0.3")
+    rq_id = service.submit(req("job-l"))
+    queue(service.conn).remove(rq_id)
+    token = _run_dies(service, "job-l", rq_id)
+    for _ in range(6):  # the heartbeat renews faster than the lock lapses
+        time.sleep(0.1)
+        assert service.store.renew("job-l", token, rq_id, 0.3) == 1
+        assert service.reap() == []
+    time.sleep(0.4)  # Redis "down" for longer than the TTL: the lock lapsed...
+    assert service.reap() == []  # ...a reaper notes it...
+    assert service.store.renew("job-l", token, rq_id, 0.3) == 2  # ...and the heartbeat takes it back
+    time.sleep(0.2)
+    assert service.reap() == []
+    # Lapsed for good: re-queued; the first run then ends after all and keeps its verdict, exactly once.
+    time.sleep(0.4)
+    service.reap()
+    time.sleep(0.2)
+    assert service.reap() == [("job-l", "requeued")]
+    [requeued] = queue(service.conn).get_jobs()
+    verdict = {"job_id": "job-l", "status": "hung", "findings": [], "root_cause": None}
+    assert service.store.finish_run("job-l", token, rq_id, verdict) is True
+    inc = service.store.get("job-l")
+    assert inc.verdicts == [verdict] and inc.diagnosis == "done" and inc.status == "diagnosed"
+    assert service.store.runs() == [] and not service.store.locked("job-l")
+    # The re-queued RQ job finds the diagnosis done: it is skipped, not run a second time.
+    assert (
+        service.store.start_run(
+            "job-l", requeued.id, "t2", 5, request={}, options={}, worker="w", detail="late"
+        )
+        == -1
+    )
 
 
 # -- Slack answering 429, 500, errors ------------------------------------------------------------------
