@@ -226,7 +226,7 @@ def _owner(owner: Any) -> str:
     if not owner:
         return "nobody yet"
     owner = str(owner)
-    return f"<@{owner}>" if _SLACK_ID.match(owner) else escape(owner, 200)
+    return f"<@{owner}>" if _SLACK_ID.fullmatch(owner) else escape(owner, 200)
 
 
 def _latest_root_cause(inc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -252,8 +252,8 @@ def _thread_link(inc: dict[str, Any]) -> str:
     if (
         not channel
         or not ts
-        or not re.match(r"^[A-Z0-9]+$", str(channel))
-        or not re.match(r"^[0-9.]+$", str(ts))
+        or not re.fullmatch(r"[A-Z0-9]+", str(channel))
+        or not re.fullmatch(r"[0-9.]+", str(ts))
     ):
         return ""
     return f"<https://slack.com/app_redirect?channel={channel}&message_ts={ts}|thread>"

@@ -23,6 +23,11 @@ SETTINGS = (
 _HHMM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 
+def is_channel_id(value: object) -> bool:
+    """A Slack channel id (C..., G..., D...), nothing else (no newline, no mrkdwn)."""
+    return isinstance(value, str) and _CHANNEL.fullmatch(value) is not None
+
+
 class ConfigError(Exception):
     """A setting is missing or malformed: one line naming the variable."""
 
@@ -59,7 +64,7 @@ def load_file(path: str) -> dict[str, str]:
 def _list(raw: str | None, name: str, pattern: re.Pattern[str]) -> frozenset[str]:
     items = [x.strip() for x in (raw or "").split(",") if x.strip()]
     for item in items:
-        if not pattern.match(item):
+        if not pattern.fullmatch(item):
             raise ConfigError(f"{name}: {item!r} is not a Slack id")
     return frozenset(items)
 
@@ -110,16 +115,16 @@ class BotConfig:
         if urlparse(redis_url).scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(f"REDIS_URL: {redis_url!r} is not a redis://, rediss:// or unix:// URL")
         alert_channel = get("HANGDX_ALERT_CHANNEL")
-        if alert_channel and not _CHANNEL.match(alert_channel):
+        if alert_channel and not _CHANNEL.fullmatch(alert_channel):
             raise ConfigError(f"HANGDX_ALERT_CHANNEL: {alert_channel!r} is not a channel id (C...)")
         alert_token = get("HANGDX_ALERT_TOKEN")
         if alert_token and len(alert_token) < 16:
             raise ConfigError("HANGDX_ALERT_TOKEN: use at least 16 characters")
         handoff_time = get("HANGDX_HANDOFF_TIME")
-        if handoff_time and not _HHMM.match(handoff_time):
+        if handoff_time and not _HHMM.fullmatch(handoff_time):
             raise ConfigError(f"HANGDX_HANDOFF_TIME: {handoff_time!r} is not a UTC time HH:MM (00:00-23:59)")
         handoff_channel = get("HANGDX_HANDOFF_CHANNEL")
-        if handoff_channel and not _CHANNEL.match(handoff_channel):
+        if handoff_channel and not _CHANNEL.fullmatch(handoff_channel):
             raise ConfigError(f"HANGDX_HANDOFF_CHANNEL: {handoff_channel!r} is not a channel id (C...)")
         handoff_channel = handoff_channel or alert_channel
         if handoff_time and not handoff_channel:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from hangdx.playbooks import engine
 from hangdx.playbooks.verdict import Verdict
+from hangdx.probes.hosts import HostSpec, SshSettings
 from hangdx.probes.local import JobNotFound, collect_local, evidence_for_job
 
 # A job id reaches /proc scans, file names, Slack messages and remote scripts: keep it to a safe alphabet.
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 RESOLVERS = "local, slurm, inventory:PATH or hosts:H1,H2"
 Progress = Callable[[int, int], None]  # (hosts reported, hosts in all)
 
@@ -37,8 +38,10 @@ class DiagnoseOptions:
 
 
 def check_job_id(job_id: str) -> str:
-    if not JOB_ID.match(job_id or ""):
-        raise DiagnosisError(f"{job_id!r} is not a job id (letters, digits and . _ : @ + - only)")
+    # fullmatch: `$` would let a trailing newline through ("123\n" reaching a remote script or a log line).
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        shown = repr(job_id[:60] + "…" if isinstance(job_id, str) and len(job_id) > 60 else job_id)
+        raise DiagnosisError(f"{shown} is not a job id (letters, digits and . _ : @ + - only)")
     return job_id
 
 
@@ -82,11 +85,11 @@ def diagnose(
     return verdict, docs
 
 
-def _collect_remote(
-    job_id: str, how: str, opts: DiagnoseOptions, interval: float, progress: Progress | None = None
-) -> list[dict]:
-    from hangdx.probes import resolve, ssh
-    from hangdx.probes.hosts import HostError, SshSettings, parse_host
+def ssh_targets(job_id: str | None, how: str, opts: DiagnoseOptions) -> tuple[list[HostSpec], SshSettings]:
+    """The hosts to reach and how: the job's hosts (job_id None: every host of an inventory's jobs) and the
+    SSH settings (the flags over the inventory's `ssh:` section over the defaults). Used by diagnose and doctor."""
+    from hangdx.probes import resolve
+    from hangdx.probes.hosts import HostError, parse_host
 
     try:
         hosts, overrides = resolve.resolve_with_settings(job_id, how)
@@ -109,6 +112,15 @@ def _collect_remote(
     settings.deadline = opts.deadline
     if jump is not None:
         hosts = [h if h.jump else replace(h, jump=jump) for h in hosts]
+    return hosts, settings
+
+
+def _collect_remote(
+    job_id: str, how: str, opts: DiagnoseOptions, interval: float, progress: Progress | None = None
+) -> list[dict]:
+    from hangdx.probes import ssh
+
+    hosts, settings = ssh_targets(job_id, how, opts)
     if progress is not None:
         progress(0, len(hosts))
     return ssh.fan_out(hosts, settings, job_id, samples=opts.samples, interval=interval, progress=progress)

@@ -14,7 +14,14 @@ from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 
 from hangdx.bot.artifacts import load_stacks
-from hangdx.bot.blocks import handoff_blocks, progress_text, status_blocks, verdict_blocks, verdict_text
+from hangdx.bot.blocks import (
+    escape,
+    handoff_blocks,
+    progress_text,
+    status_blocks,
+    verdict_blocks,
+    verdict_text,
+)
 from hangdx.bot.config import BotConfig, ConfigError
 from hangdx.bot.diagnosis import DiagnoseOptions
 from hangdx.bot.incidents import Incident, IncidentStore, connect
@@ -103,7 +110,7 @@ class Service:
             time.sleep(0.05)
 
     def _post_parent(self, req: DiagnoseRequest, channel: str) -> str | None:
-        what = f" ({redact(req.summary)[:200]})" if req.summary else ""
+        what = f" ({escape(req.summary, 200)})" if req.summary else ""
         posted = _post(self.client, channel=channel, text=f"{progress_text(req.job_id, 0, 0)}{what}")
         return (posted or {}).get("ts")
 

@@ -123,30 +123,108 @@ _FD_SYSCALLS = {
 }
 _PATH_SYSCALLS = {"open": 0, "openat": 1, "newfstatat": 1, "statx": 1}
 
+# Names whose value is a secret: `HF_TOKEN=...`, `"password": "..."`, `--db-password x`, `MYSQL_PWD=...`.
+_SECRET_NAME = (
+    r"(?:token|secret|passw(?:or)?d|passwd|passphrase|[_-]pwd|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|credential)"
+)
+_SECRET_KEY = r"[A-Za-z0-9_.-]{0,64}?(?P<word>" + _SECRET_NAME + r")(?P<tail>[A-Za-z0-9_.-]{0,64})"
+# A value: "quoted with spaces", 'quoted', or bare up to a space, quote, comma or semicolon.
+_SECRET_VALUE = (
+    r"""(?:"(?P<dq>[^"\r\n]{1,512})"|'(?P<sq>[^'\r\n]{1,512})'|(?P<q>["']?)(?P<bare>[^\s"',;]+))"""
+)
+_NUMBER = re.compile(r"^[0-9][0-9.,_eE+-]*$")
+_WORD_GOES_ON = re.compile(r"(?i)^iz(?:er|ed|e|ation)")  # tokenizer=gpt2 names a tokenizer, not a token
+_SECRET_TAIL = re.compile(r"(?i)key|pin|code|value|secret|pass|pwd|hash|salt|seed|otp")
+
+
+def _named_secret(m) -> str:
+    """`key=value` with a secret-sounding key -> `key=[REDACTED]`; `token_count=5`, `max_tokens: 512` stay."""
+    value = m.group("dq") or m.group("sq") or m.group("bare") or ""
+    tail = m.group("tail")
+    if value.startswith("[REDACTED") or _WORD_GOES_ON.match(tail):
+        return m.group(0)
+    # A number under a longer name is a count or a frame (token_count=5, max_tokens: 512, tokens.py:12), unless
+    # the rest of the name says secret (SECRET_KEY_BASE, DB_PASSWORD_2) or it is the bare plural (tokens=...).
+    prefix = m.group("key")[: m.start("word") - m.start("key")].lstrip("-")
+    if (
+        _NUMBER.match(value.rstrip(")]"))
+        and re.search("[A-Za-z]", tail)
+        and not _SECRET_TAIL.search(tail)
+        and (prefix or tail.lower() != "s")
+    ):
+        return m.group(0)
+    if m.group("dq") is not None:
+        return m.group("key") + m.group("sep") + '"[REDACTED]"'
+    if m.group("sq") is not None:
+        return m.group("key") + m.group("sep") + "'[REDACTED]'"
+    return m.group("key") + m.group("sep") + m.group("q") + "[REDACTED]"
+
+
+# PEM private keys: the BEGIN line, the base64 after it (real or JSON-escaped line breaks, the headers of an
+# encrypted key) and the END line when it is there: a key cut short before its END line goes all the same.
+_PEM_KEY = re.compile(
+    r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"
+    r"(?:[A-Za-z0-9+/=]|(?:\r?\n|\\[nr])[ \t]*|Proc-Type:[^\r\n]*|DEK-Info:[^\r\n]*)*"
+    r"(?:-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----)?"
+)
+# The base64 tail of a key whose BEGIN line was cut off (a log tail that starts mid-key), to its END line.
+_PEM_TAIL = re.compile(
+    r"(?m)(?:^[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?\n){1,120}[ \t]*-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"
+    r"|(?<![A-Za-z0-9+/=])(?:[A-Za-z0-9+/=]{16,}\\n[ \t]*){1,120}-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"
+)
 _SECRET_PATTERNS = [
-    (
-        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-        "[REDACTED KEY]",
-    ),
-    (re.compile(r"\b(xox[abposr]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,})"), "[REDACTED]"),
-    (re.compile(r"\b(gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"), "[REDACTED]"),
-    (re.compile(r"\b(hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16})"), "[REDACTED]"),
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{12,}"), r"\1 [REDACTED]"),
+    # Tokens known by their form, wherever they are: Slack, GitHub, GitLab, Hugging Face, OpenAI-style, Stripe,
+    # AWS access key ids, Google API keys, npm, JWTs, Slack webhook URLs.
     (
         re.compile(
-            # Bounded and anchored at the start of a word: unbounded runs made this quadratic on long words.
-            r"(?i)(?<![A-Za-z0-9_.-])([A-Za-z0-9_.-]{0,64}?"
-            r"(?:token|secret|passw(?:or)?d|passwd|api[_-]?key|access[_-]?key|credential)"
-            r"[A-Za-z0-9_.-]{0,64}[\"']?\s{0,8}[=:]\s{0,8})([\"']?)[^\s\"',;]+"
+            r"\b(?:xox[abposre]-[A-Za-z0-9-]{10,}|xoxe\.xox[bp]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"
+            r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|glpat-[A-Za-z0-9_-]{20,}"
+            r"|hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}|[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"
+            r"|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|npm_[A-Za-z0-9]{36}"
+            r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
+        ),
+        "[REDACTED]",
+    ),
+    (re.compile(r"(?i)(hooks\.slack\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]+"), r"\1[REDACTED]"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{12,}"), r"\1 [REDACTED]"),
+    # Credentials in headers: `Authorization: <scheme> <credential>` keeps its scheme; a cookie header goes whole.
+    (
+        re.compile(
+            r"(?i)\b((?:proxy-)?authorization[ \t]*[:=][ \t]*)(?![ \t])(?!(?:bearer|basic)[ \t]+\[REDACTED)"
+            r"((?:[A-Za-z-]+[ \t]+)?)[^\s\"',;]+"
         ),
         r"\1\2[REDACTED]",
     ),
-    (re.compile(r"(?i)(://[^:/\s@]+:)[^@\s/]+@"), r"\1[REDACTED]@"),
+    (re.compile(r"(?im)\b((?:set-)?cookie[ \t]*:[ \t]*)[^\r\n]+"), r"\1[REDACTED]"),
+    # key=value, key: value, "key": "value" where the key names a secret; bounded and anchored at the start of
+    # a word (unbounded runs made this quadratic on long words).
+    (
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9_.-])(?P<key>"
+            + _SECRET_KEY
+            + r")(?P<sep>[\"']?\s{0,8}[=:]\s{0,8})"
+            + _SECRET_VALUE
+        ),
+        _named_secret,
+    ),
+    # --password VALUE, -token VALUE on a command line (py-spy's header quotes it).
+    (
+        re.compile(
+            r"(?i)(?<![A-Za-z0-9_.-])(?P<key>--?" + _SECRET_KEY + r")(?P<sep>\s{1,8})(?!-)" + _SECRET_VALUE
+        ),
+        _named_secret,
+    ),
+    # user:password@ in URLs; the user may be empty (redis://:password@host), the password may hold an @.
+    (re.compile(r"(://[^:/\s@]*:)[^\s/]*@"), r"\1[REDACTED]@"),
 ]
 
 
 def redact(text: str) -> str:
     """Blank out tokens, keys and passwords."""
+    text = _PEM_KEY.sub("[REDACTED KEY]", text)
+    if "-----END" in text:
+        text = _PEM_TAIL.sub("[REDACTED KEY]", text)
     for pattern, repl in _SECRET_PATTERNS:
         text = pattern.sub(repl, text)
     return text
@@ -749,6 +827,51 @@ def _comm(pid: int) -> str:
     return (_read_text("/proc/%d/comm" % pid) or "?").strip()
 
 
+KERNEL_LOG_COMMANDS = (
+    ["dmesg", "--ctime"],
+    # kernel.dmesg_restrict=1 refuses dmesg to users without CAP_SYSLOG; a sudo rule may allow exactly this
+    # command (deploy/node/hangdx.sudoers). -n: sudo fails instead of asking for a password.
+    ["sudo", "-n", "dmesg", "--ctime"],
+    ["journalctl", "-k", "-n", "5000", "--no-pager"],
+)
+
+
+def read_kernel_log(timeout: float = CMD_TIMEOUT) -> tuple[str | None, str | None, list[str]]:
+    """The kernel log: (its text, the command that read it, why each command tried before it failed).
+
+    dmesg first; where it is refused, `sudo -n dmesg --ctime` (never prompts), then `journalctl -k`."""
+    refused: list[str] = []
+    for cmd in KERNEL_LOG_COMMANDS:
+        shown = " ".join(cmd)
+        if cmd[0] == "sudo" and shutil.which("dmesg") is None:
+            continue  # no dmesg to run through sudo either
+        if shutil.which(cmd[0]) is None:
+            refused.append("%s: %s not found" % (shown, cmd[0]))
+            continue
+        try:
+            out = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            refused.append("%s: no answer within %ds" % (shown, timeout))
+            continue
+        except OSError as e:
+            refused.append("%s: could not run: %s" % (shown, e))
+            continue
+        text = out.stdout.decode("utf-8", "replace")
+        # journalctl says "-- No entries --" (exit 0) to a user who may not read the kernel's messages.
+        if out.returncode == 0 and text.strip() and text.strip() != "-- No entries --":
+            return text, shown, refused
+        # The last line explains (journalctl prints a hint first, then why it read nothing).
+        err = [line.strip() for line in out.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+        if err:
+            why = err[-1]
+        elif text.strip():
+            why = text.strip().splitlines()[-1]
+        else:
+            why = "printed nothing (exit status %d)" % out.returncode
+        refused.append("%s: %s" % (shown, why))
+    return None, None, refused
+
+
 def _collect_host(host: str, add, errors: list[dict]) -> None:
     nvml = nvml_csv()
     if nvml is not None:
@@ -788,13 +911,16 @@ def _collect_host(host: str, add, errors: list[dict]) -> None:
             add(name, kind, out)
         elif err and not (cmd[0] in quiet_missing and "not found" in err):
             errors.append({"source": cmd[0], "message": err})
-    out, err = _run(["dmesg", "--ctime"])
-    if not out:
-        out, err2 = _run(["journalctl", "-k", "-n", "5000", "--no-pager"])
-        if not out:
-            errors.append({"source": "kernel log", "message": f"no kernel log: {err}; {err2}"})
-    if out:
-        add("kernel.log", "kernel_log", kernel_excerpt(out))
+    text, how, refused = read_kernel_log()
+    if text is None:
+        errors.append({"source": "kernel log", "message": "no kernel log: " + "; ".join(refused)})
+    else:
+        # The artifact's name says how it was read: dmesg, or the fallback that worked once dmesg was refused.
+        add(
+            "kernel.log" if how == "dmesg --ctime" else "kernel-%s.log" % how.split()[0],
+            "kernel_log",
+            kernel_excerpt(text),
+        )
     if shutil.which("perfquery"):
         ports = _ib_ports(out_ibstat) or [(None, None)]
         blocks = []

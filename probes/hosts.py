@@ -6,9 +6,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
-# user@host:port, host names, IPv4, [IPv6]: nothing a shell would read specially.
+# user@host:port, host names, IPv4, [IPv6]: nothing a shell would read specially, and no leading `-`
+# that a command line would read as an option.
 _HOST = re.compile(
-    r"^(?:(?P<user>[A-Za-z0-9._-]{1,64})@)?(?P<host>[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$"
+    r"^(?:(?P<user>[A-Za-z0-9._-]{1,64})@)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$"
 )
 
 

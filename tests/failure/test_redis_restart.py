@@ -42,7 +42,8 @@ def test_redis_restarted_mid_diagnosis_loses_no_verdict_and_no_process(bot, rank
     bot.rs.kill()
     down_at = time.monotonic()
     # ...and the bot keeps answering meanwhile.
-    assert requests.get(bot.url + "/healthz", timeout=5).status_code == 200
+    down = requests.get(bot.url + "/healthz", timeout=5)
+    assert down.status_code == 200 and down.json()["redis"].startswith("unavailable")
     state = health()
     assert state["ok"] is False and state["redis"].startswith("unavailable")
     refused = alert(bot.url, second)
