@@ -1,12 +1,14 @@
-"""The `hangdx` command line: analyze, diagnose, demo, serve, worker.
+"""The `hangdx` command line: analyze, diagnose, doctor, demo, serve, worker.
 
 Exit status (CONTRACTS.md): 0 when a verdict was produced, 2 on bad usage or unreadable
-input (one line naming the problem), 1 on internal error.
+input (one line naming the problem), 1 on internal error. `doctor`: 0 when every node has what
+hangdx needs, 3 when one lacks something or cannot be reached.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,21 +43,19 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--slurm", action="store_true", help="ask Slurm for the job's hosts")
     d.add_argument("--json", action="store_true", help="print the verdict as JSON")
     d.add_argument("--save-bundle", metavar="DIR", help="write the raw artifacts to DIR")
-    d.add_argument("--ssh-user", help="user to log in as on the nodes (default: inventory, else yours)")
-    d.add_argument(
-        "--ssh-key", metavar="FILE", help="private key file (default: inventory, agent, ~/.ssh keys)"
-    )
-    d.add_argument(
-        "--known-hosts", metavar="FILE", help="known_hosts to verify host keys against (never added to)"
-    )
-    d.add_argument("--jump", metavar="HOST", help="reach the nodes through this bastion ([user@]host[:port])")
-    d.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to reach one host (default 10)"
-    )
-    d.add_argument("--deadline", type=float, default=120.0, help="seconds for the whole probe (default 120)")
+    _add_ssh_options(d)
     d.add_argument("--samples", type=int, default=3, help="stack samples per rank (default 3)")
     d.add_argument("--interval", type=float, default=0.7, help="seconds between samples (default 0.7)")
     d.add_argument("-v", "--verbose", action="store_true")
+
+    o = sub.add_parser("doctor", help="check that the nodes have what hangdx needs, and say how to fix them")
+    nodes = o.add_mutually_exclusive_group()  # checked in cmd_doctor: one line, not argparse's usage text
+    nodes.add_argument("--hosts", help="comma-separated hosts to check over SSH (ranges like n[01-04])")
+    nodes.add_argument("--inventory", metavar="FILE", help="every host of the inventory's jobs")
+    nodes.add_argument("--slurm", metavar="JOBID", help="the nodes of this Slurm job")
+    nodes.add_argument("--local", action="store_true", help="this machine, without SSH")
+    o.add_argument("--json", action="store_true", help="print the report as JSON (docs/nodes.md)")
+    _add_ssh_options(o)
 
     m = sub.add_parser("demo", help="start a real hung torch.distributed job here, diagnose it, clean up")
     m.add_argument("--fault", default=None, help="which fault to inject (see --list)")
@@ -73,6 +73,28 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _add_ssh_options(p: argparse.ArgumentParser) -> None:
+    """How to reach the nodes: the same options for diagnose and doctor."""
+    p.add_argument("--ssh-user", help="user to log in as on the nodes (default: inventory, else yours)")
+    p.add_argument(
+        "--ssh-key", metavar="FILE", help="private key file (default: inventory, agent, ~/.ssh keys)"
+    )
+    p.add_argument(
+        "--known-hosts", metavar="FILE", help="known_hosts to verify host keys against (never added to)"
+    )
+    p.add_argument("--jump", metavar="HOST", help="reach the nodes through this bastion ([user@]host[:port])")
+    p.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="seconds to reach one host (default 10)"
+    )
+    p.add_argument("--deadline", type=float, default=120.0, help="seconds for the whole probe (default 120)")
+
+
+def _ssh_flags(args: argparse.Namespace) -> dict:
+    """The values of _add_ssh_options's flags, as DiagnoseOptions fields."""
+    keys = ("ssh_user", "ssh_key", "known_hosts", "jump", "connect_timeout", "deadline")
+    return {key: getattr(args, key) for key in keys}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
@@ -85,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_analyze(args)
         if args.command == "diagnose":
             return cmd_diagnose(args)
+        if args.command == "doctor":
+            return cmd_doctor(args)
         if args.command == "demo":
             from hangdx.bot.demo import run_demo
 
@@ -152,12 +176,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         how=_resolver(args, os.environ.get("HANGDX_RESOLVER", "local")),
         samples=args.samples,
         interval=args.interval,
-        ssh_user=args.ssh_user,
-        ssh_key=args.ssh_key,
-        known_hosts=args.known_hosts,
-        jump=args.jump,
-        connect_timeout=args.connect_timeout,
-        deadline=args.deadline,
+        **_ssh_flags(args),
     )
     try:
         docs = collect(args.job_id, opts)
@@ -172,6 +191,33 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     verdict.elapsed_seconds = time.monotonic() - started
     _print(verdict, args.json, args.verbose)
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Exit status 0 when every node has what hangdx needs, 3 when one lacks something or is unreachable."""
+    import json
+
+    from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, ssh_targets
+    from hangdx.probes import doctor
+
+    if not (args.local or args.hosts or args.inventory or args.slurm):
+        raise UsageError(
+            "doctor: which nodes? give --hosts H1,H2, --inventory FILE, --slurm JOBID or --local"
+        )
+    if args.local:
+        report = doctor.check_local()
+    else:
+        opts = DiagnoseOptions(how=_resolver(args, "local"), **_ssh_flags(args))
+        try:
+            hosts, settings = ssh_targets(args.slurm, opts.how, opts)
+        except DiagnosisError as e:
+            raise UsageError(str(e)) from None
+        report = doctor.check_hosts(hosts, settings)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        doctor.render(report, Console(highlight=False))
+    return 0 if report["ok"] else 3
 
 
 def _resolver(args: argparse.Namespace, default: str) -> str:
@@ -196,6 +242,10 @@ def _bot_config():
         raise UsageError(str(e)) from None
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)  # unwinds serve_forever: the scheduler stops and the socket closes
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from hangdx.bot import slack_app
     from hangdx.bot.config import ConfigError
@@ -203,12 +253,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hangdx.bot.service import Service
 
     cfg = _bot_config()
+    # SIGTERM (docker stop, a Kubernetes pod ending, systemctl stop) ends serve cleanly: as PID 1 in a
+    # container the default action would be ignored and the process killed after the grace period.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         service = Service(cfg)
         for job in service.recover():  # diagnoses a restart cut off: said so in their threads
             sys.stderr.write(f"hangdx serve: the diagnosis of job {job} was interrupted; marked so\n")
         slack_app.serve(
-            cfg, service.submit, args.host, args.port, on_action=service.on_action, report=service.report
+            cfg,
+            service.submit,
+            args.host,
+            args.port,
+            on_action=service.on_action,
+            report=service.report,
+            store=service.store,
+            health=service.health,
         )
     except (ConfigError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None

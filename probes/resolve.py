@@ -295,8 +295,8 @@ def _load_yaml(path: str) -> object:
         raise HostError(f"inventory {path}: not valid YAML{at}: {problem}") from None
 
 
-def from_inventory(path: str, job_id: str) -> tuple[list[HostSpec], dict]:
-    """A YAML inventory -> the hosts of job `job_id` and the file's SshSettings overrides."""
+def from_inventory(path: str, job_id: str | None) -> tuple[list[HostSpec], dict]:
+    """A YAML inventory -> the hosts of job `job_id` (None: of every job) and the file's SshSettings overrides."""
     doc = _load_yaml(path)
     where = f"inventory {path}"
     if doc is None:
@@ -322,11 +322,15 @@ def from_inventory(path: str, job_id: str) -> tuple[list[HostSpec], dict]:
         if isinstance(key, bool) or not isinstance(key, (str, int)):
             raise HostError(f"{where}: jobs: {key!r} is not a job id")
         by_id[str(key)] = raw
-    if str(job_id) not in by_id:
+    if job_id is None:  # every node of every job (`hangdx doctor --inventory`)
+        names = [n for key, raw in by_id.items() for n in _job_hosts(f"{where}: jobs.{key}", raw)]
+        names = list(dict.fromkeys(names))
+    elif str(job_id) not in by_id:
         known = sorted(by_id)
         listed = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
         raise ResolveError(f"{where} has no job {job_id!r} (it knows: {listed})")
-    names = _job_hosts(f"{where}: jobs.{job_id}", by_id[str(job_id)])
+    else:
+        names = _job_hosts(f"{where}: jobs.{job_id}", by_id[str(job_id)])
 
     hosts = []
     for name in names:
@@ -434,8 +438,10 @@ def resolve(job_id: str, how: str, **kw) -> list[HostSpec]:
     raise ResolveError(f"resolver {how!r} is not one of: local, slurm, inventory:PATH, hosts:H1,H2")
 
 
-def resolve_with_settings(job_id: str, how: str) -> tuple[list[HostSpec], dict]:
-    """Like resolve(), plus the SSH settings an inventory carries (known_hosts, key, user, timeouts)."""
+def resolve_with_settings(job_id: str | None, how: str) -> tuple[list[HostSpec], dict]:
+    """Like resolve(), plus the SSH settings an inventory carries (known_hosts, key, user, timeouts).
+
+    job_id None (`hangdx doctor`): every host of an inventory's jobs; --hosts ignore the job id anyway."""
     if how.startswith("inventory:"):
         return from_inventory(how.split(":", 1)[1], job_id)
     return resolve(job_id, how), {}

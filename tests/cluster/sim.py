@@ -109,6 +109,11 @@ class NodeSpec:
     ip_link: str | None = None  # None: the real `ip link`
     sshd: bool = True  # False: this node's sshd is down (connection refused)
     nccl_logs: dict[int, str] | None = None  # local rank -> its NCCL_DEBUG_FILE's content
+    pyspy: bool = True  # False: no py-spy in the node's tool directory (nor elsewhere on its PATH, usually)
+    # Tool name -> what it prints whatever its arguments: a node's refusals in the real tools' words (dmesg
+    # under kernel.dmesg_restrict, sudo without a rule, journalctl for a user outside systemd-journal).
+    # Takes the place of the stand-in of the same name.
+    fixed: dict[str, ToolOutput] | None = None
 
 
 def unavailable_reason() -> str | None:
@@ -396,8 +401,18 @@ class Cluster:
                 f"sys.exit(standin.main({name!r}, {str(self.node_dir(host))!r}, sys.argv[1:]))\n"
             )
             wrapper.chmod(0o755)
+        for name, out in (spec.fixed or {}).items():
+            wrapper = tools / name
+            wrapper.write_text(
+                f"#!{sys.executable} -S\n"
+                "import sys\n"
+                f"sys.stdout.write({out.stdout!r})\n"
+                f"sys.stderr.write({out.stderr!r})\n"
+                f"sys.exit({int(out.returncode)})\n"
+            )
+            wrapper.chmod(0o755)
         pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-        if os.path.exists(pyspy):
+        if spec.pyspy and os.path.exists(pyspy):
             # The real binary, not a pyenv shim: shims need the host's shell set-up.
             pyspy = os.path.join(os.path.dirname(sys.executable), "py-spy") if "shims" in pyspy else pyspy
             (tools / "py-spy").symlink_to(os.path.realpath(pyspy))
