@@ -6,33 +6,56 @@ collector brought them, so that `hangdx analyze DIR` reads exactly what the live
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from hangdx.probes.model import Evidence, HostProblem, Source
 from hangdx.probes.naming import host_from_path, rank_from_name
 from hangdx.probes.registry import parse_artifact
-from hangdx.probes.text import looks_binary
+from hangdx.probes.text import MAX_TEXT_BYTES, looks_binary
 
 MANIFEST = "manifest.json"
+# A dump (a pickle, or a JSON object) is read from its start, up to MAX_FILE_BYTES; any other file only its
+# last MAX_TEXT_BYTES, all that a text parser keeps (text.decode). Nothing else is ever read into memory.
 MAX_FILE_BYTES = 512 * 1024 * 1024
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def artifact_bytes(artifact: dict) -> bytes:
     data = artifact.get("data") or ""
+    if not isinstance(data, str):
+        raise ValueError(f"its data is a {type(data).__name__}, not text")
     # Binary artifacts (Flight Recorder pickles) travel as latin-1 text inside the JSON document.
     return data.encode("latin-1", "replace") if artifact.get("kind") == "flight_recorder" else data.encode()
 
 
+def _file_name(value: object, default: str) -> str:
+    """A name from a node, safe as one file name: no "/", no "." or "..", no leading dot (hidden: never read)."""
+    return _SAFE.sub("_", str(value or "")).lstrip(".") or default
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def evidence_from_documents(docs: list[dict], job_id: str | None = None) -> Evidence:
-    """Parse collector documents (one per host) into Evidence."""
+    """Parse collector documents (one per host) into Evidence; a part of the wrong shape becomes a gap."""
     ev = Evidence(job_id=job_id, live=True)
     for doc in docs:
-        host = doc.get("host")
+        if not isinstance(doc, dict):
+            ev.gap("collector", f"a collector document is a {type(doc).__name__}, not an object: skipped")
+            continue
+        host = doc.get("host") if isinstance(doc.get("host"), str) else None
         if host and host not in ev.probed_hosts:
             ev.probed_hosts.append(host)
         problem = doc.get("problem")
@@ -42,18 +65,29 @@ def evidence_from_documents(docs: list[dict], job_id: str | None = None) -> Evid
             )
         else:
             ev.note_host(host)
-        for err in doc.get("errors") or []:
+        for err in _list(doc.get("errors")):
+            err = err if isinstance(err, dict) else {"message": err}
             ev.gap(f"{host}/{err.get('source')}", str(err.get("message")))
-        for other in doc.get("other_jobs") or []:
-            if other not in ev.other_jobs:
+        for other in _list(doc.get("other_jobs")):
+            if isinstance(other, str) and other not in ev.other_jobs:
                 ev.other_jobs.append(other)
-        for art in doc.get("artifacts") or []:
-            src = Source(f"{host}/{art.get('name')}", host=host, rank=art.get("rank"), pid=art.get("pid"))
-            kind = art.get("kind")
+        arts = doc.get("artifacts")
+        if arts is not None and not isinstance(arts, list):
+            ev.gap(f"{host}/artifacts", f"the collector's artifacts are a {type(arts).__name__}, not a list")
+        for art in _list(arts):
+            if not isinstance(art, dict):
+                ev.gap(f"{host}/artifacts", f"an artifact is a {type(art).__name__}, not an object: skipped")
+                continue
+            name = f"{host}/{art.get('name')}"
+            src = Source(name, host=host, rank=_opt_int(art.get("rank")), pid=_opt_int(art.get("pid")))
+            kind = art.get("kind") if isinstance(art.get("kind"), str) else None
+            try:
+                data = artifact_bytes(art)
+            except ValueError as e:
+                ev.gap(name, f"unreadable artifact: {e}")
+                continue
             # A rank's own stdout/stderr is read only for what a parser recognises in it.
-            parse_artifact(
-                artifact_bytes(art), src, ev, kind=None if kind == "log" else kind, quiet=kind == "log"
-            )
+            parse_artifact(data, src, ev, kind=None if kind == "log" else kind, quiet=kind == "log")
     return ev
 
 
@@ -63,11 +97,15 @@ def save(docs: list[dict], directory: str | Path, job_id: str | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     hosts = []
     for doc in docs:
-        host = _SAFE.sub("_", str(doc.get("host") or "unknown-host"))
+        if not isinstance(doc, dict):
+            continue
+        host = _file_name(doc.get("host"), "unknown-host")
         hosts.append(host)
         (root / host).mkdir(exist_ok=True)
-        for art in doc.get("artifacts") or []:
-            name = _SAFE.sub("_", str(art.get("name") or "artifact"))
+        for art in _list(doc.get("artifacts")):
+            if not isinstance(art, dict) or not isinstance(art.get("data") or "", str):
+                continue  # what evidence_from_documents reports as a gap; errors.json keeps the others
+            name = _file_name(art.get("name"), "artifact")
             (root / host / name).write_bytes(artifact_bytes(art))
         if doc.get("errors"):
             (root / host / "errors.json").write_text(json.dumps(doc["errors"], indent=1))
@@ -78,15 +116,17 @@ def save(docs: list[dict], directory: str | Path, job_id: str | None) -> Path:
         "job_id": job_id,
         "hosts": hosts,
         "created": time.time(),
-        "other_jobs": sorted({o for d in docs for o in d.get("other_jobs") or []}),
+        "other_jobs": sorted(
+            {o for d in docs if isinstance(d, dict) for o in _list(d.get("other_jobs")) if isinstance(o, str)}
+        ),
     }
     (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return root
 
 
 def _walk(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
+    if not path.is_dir():
+        return [path]  # a file, or a FIFO or device given by name: _read says why it is not read
     out = []
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -98,6 +138,64 @@ class InputError(Exception):
     """A path the user gave cannot be read (exit status 2)."""
 
 
+class _Skip(Exception):
+    """A file hangdx does not read, and why (the message of its gap)."""
+
+
+_NOT_REGULAR = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _read(f: Path, bundle_root: Path | None = None) -> tuple[bytes, int]:
+    """What hangdx reads of one file (see MAX_FILE_BYTES), and its size: only regular files, in a bundle its own."""
+    if bundle_root is not None:
+        real, root = os.path.realpath(f), os.path.realpath(bundle_root)
+        if os.path.commonpath([real, root]) != root:
+            raise _Skip(f"a link out of the bundle (to {real}): not read")
+    try:
+        mode = os.stat(f).st_mode
+        if not stat.S_ISREG(mode):  # checked before opening: opening a FIFO with no writer blocks
+            raise _Skip(f"not a regular file ({_NOT_REGULAR.get(stat.S_IFMT(mode), 'special')}): not read")
+        with open(os.open(f, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if _is_dump(fh.read(64)):
+                fh.seek(0)
+                return fh.read(MAX_FILE_BYTES), size
+            # One byte more than text.decode() keeps, so that it sees the cut and drops the partial line.
+            fh.seek(max(0, size - MAX_TEXT_BYTES - 1))
+            return fh.read(MAX_TEXT_BYTES + 1), size
+    except OSError as e:
+        raise _Skip(f"unreadable: {e.strerror or e}") from None
+
+
+def _is_dump(head: bytes) -> bool:
+    """A pickle or a JSON document: read from its start (a text log is read from its end)."""
+    return head[:1] == b"\x80" or head.lstrip()[:1] == b"{"
+
+
+def read_stream(stream: BinaryIO) -> bytes:
+    """A stream (`-`: standard input) capped as a file is; an endless one (/dev/zero) stops at MAX_FILE_BYTES."""
+    chunks: collections.deque[bytes] = collections.deque()
+    kept = total = 0
+    dump = None
+    while total < MAX_FILE_BYTES:
+        chunk = stream.read(min(1 << 20, MAX_FILE_BYTES - total))
+        if not chunk:
+            break
+        dump = _is_dump(chunk) if dump is None else dump
+        chunks.append(chunk)
+        kept, total = kept + len(chunk), total + len(chunk)
+        while not dump and kept - len(chunks[0]) > MAX_TEXT_BYTES:
+            kept -= len(chunks.popleft())  # a log: only its tail is kept (see _read)
+    data = b"".join(chunks)
+    return data if dump else data[-(MAX_TEXT_BYTES + 1) :]
+
+
 def evidence_from_paths(paths: list[str], stdin: bytes | None = None) -> Evidence:
     """Parse files, folders and bundles (and `-` for standard input) into Evidence."""
     ev = Evidence()
@@ -107,74 +205,79 @@ def evidence_from_paths(paths: list[str], stdin: bytes | None = None) -> Evidenc
             continue
         path = Path(p)
         if not path.exists():
-            raise InputError(f"{p}: no such file or directory")
+            why = (
+                "a broken symbolic link (or a link loop)"
+                if path.is_symlink()
+                else "no such file or directory"
+            )
+            raise InputError(f"{p}: {why}")
         if not os.access(path, os.R_OK):
             raise InputError(f"{p}: permission denied")
         base = path if path.is_dir() else path.parent
-        manifest = path / MANIFEST if path.is_dir() else None
-        if manifest is not None and manifest.is_file():
-            _read_manifest(manifest, ev)
+        bundle_root = path if path.is_dir() and (path / MANIFEST).exists() else None
+        if bundle_root is not None:
+            _read_manifest(path, ev)
         for f in _walk(path):
-            if f.name in (MANIFEST,):
+            if f.name == MANIFEST:
                 continue
             rel = f.relative_to(base).as_posix() if f != path else f.name
-            if f.name == "errors.json" and manifest is not None:
-                _read_errors(f, rel, ev)
-                continue
-            if f.name == "problem.json" and manifest is not None:
-                _read_problem(f, ev)
-                continue
             try:
-                size = f.stat().st_size
-                if size > MAX_FILE_BYTES:
-                    with f.open("rb") as fh:
-                        fh.seek(size - MAX_FILE_BYTES)
-                        data = fh.read()
-                else:
-                    data = f.read_bytes()
-            except OSError as e:
-                ev.gap(rel, f"unreadable: {e.strerror}")
+                if f.name in ("errors.json", "problem.json") and path.is_dir():  # a host folder's, as saved
+                    read = _read_errors if f.name == "errors.json" else _read_problem
+                    read(_read(f, bundle_root)[0], f.parent.name, ev)
+                    continue
+                data, size = _read(f, bundle_root)
+            except _Skip as e:
+                ev.gap(rel, str(e))
                 continue
             host = host_from_path(rel)
             src = Source(rel, host=host, rank=rank_from_name(f.name))
             if data and looks_binary(data[:8192]) and not data.startswith(b"\x80"):
-                ev.gap(rel, f"binary file of {len(data)} bytes, not an artifact hangdx reads: skipped")
+                ev.gap(rel, f"binary file of {size} bytes, not an artifact hangdx reads: skipped")
                 continue
             parse_artifact(data, src, ev)
     return ev
 
 
-def _read_manifest(path: Path, ev: Evidence) -> None:
+def _json(data: bytes) -> object:
     try:
-        m = json.loads(path.read_text())
-    except (OSError, ValueError):
-        ev.gap(str(path), "bundle manifest unreadable")
-        return
-    if isinstance(m, dict):
-        ev.job_id = ev.job_id or m.get("job_id")
-        ev.probed_hosts = [str(h) for h in m.get("hosts") or []]
-        ev.live = True  # a saved bundle is a live probe, read later
-        for o in m.get("other_jobs") or []:
-            ev.other_jobs.append(str(o))
+        return json.loads(data)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
+        return None
 
 
-def _read_problem(path: Path, ev: Evidence) -> None:
+def _read_manifest(root: Path, ev: Evidence) -> None:
+    """The bundle's job, hosts and other jobs; a host the manifest names without its folder is a gap."""
     try:
-        p = json.loads(path.read_text())
-    except (OSError, ValueError):
+        m = _json(_read(root / MANIFEST, root)[0])
+    except _Skip as e:
+        m = e
+    if not isinstance(m, dict):
+        ev.gap(MANIFEST, f"bundle manifest unreadable{f' ({m})' if isinstance(m, _Skip) else ''}")
         return
+    job = m.get("job_id")
+    ev.job_id = ev.job_id or (str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else None)
+    ev.live = True  # a saved bundle is a live probe, read later
+    ev.other_jobs.extend(str(o) for o in _list(m.get("other_jobs")) if isinstance(o, (str, int)))
+    for h in _list(m.get("hosts")):
+        if not isinstance(h, str) or not h or _SAFE.search(h) or h in (".", ".."):
+            ev.gap(MANIFEST, f"the manifest names a host {str(h)[:80]!r} that is no folder name: ignored")
+            continue
+        ev.probed_hosts.append(h)
+        if not (root / h).is_dir():
+            ev.gap(
+                h,
+                "named in the bundle's manifest, but the bundle has no folder for it: its evidence is missing",
+            )
+
+
+def _read_problem(data: bytes, host: str, ev: Evidence) -> None:
+    p = _json(data)
     if isinstance(p, dict):
-        ev.host_problems.append(
-            HostProblem(path.parent.name, str(p.get("kind", "error")), str(p.get("message", "")))
-        )
+        ev.host_problems.append(HostProblem(host, str(p.get("kind", "error")), str(p.get("message", ""))))
 
 
-def _read_errors(path: Path, rel: str, ev: Evidence) -> None:
-    try:
-        errs = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    host = path.parent.name
-    for e in errs if isinstance(errs, list) else []:
+def _read_errors(data: bytes, host: str, ev: Evidence) -> None:
+    for e in _list(_json(data)):
         if isinstance(e, dict):
             ev.gap(f"{host}/{e.get('source')}", str(e.get("message")))

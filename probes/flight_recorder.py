@@ -29,6 +29,7 @@ import io
 import json
 import math
 import pickle
+import pickletools
 import re
 from pathlib import PurePath
 from typing import Any
@@ -62,6 +63,16 @@ _P2P_OPS = {"send", "recv", "recvanysource"}
 
 _TRAILING_DIGITS = re.compile(r"(\d+)$")
 _DUMP_EXTENSIONS = (".pkl", ".pickle", ".json", ".bin", ".pt")
+
+# A pickle may refer to one object many times (its memo): real dumps share strings and small lists, so that
+# the data they unpack to is ~3x the file. A hostile one nests shared lists to unpack to terabytes ("billion
+# laughs"), or into a cycle. What a pickle unpacks to is counted (one per object, one per character) and
+# refused past EXPANSION times its size plus EXPANSION_SLACK, before anything reads it.
+EXPANSION = 32
+EXPANSION_SLACK = 1 << 20
+MAX_STR = 1024  # a name, state or dtype longer than this is cut (it is quoted in every entry's line)
+MAX_DIMS = 64  # a shape with more dimensions has no element count (the product would grow without bound)
+_INT64 = 1 << 63
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -107,13 +118,54 @@ def load(data: bytes) -> tuple[Any, str | None]:
         return None, "empty file"
     if data[:1] == b"\x80":
         try:
-            return _PlainDataUnpickler(io.BytesIO(data)).load(), None
+            if data[1:2] >= b"\x04":
+                # Protocols 4 and 5 carry 8-byte lengths, for which the C unpickler allocates before it reads
+                # (a 2**62-byte bytearray: MemoryError, and noise on stderr). pickletools reads, never allocates.
+                for _ in pickletools.genops(data):
+                    pass
+            obj = _PlainDataUnpickler(io.BytesIO(data)).load()
         except Exception as e:  # noqa: BLE001 - truncated, corrupt or hostile pickles all end here
-            return None, f"unreadable pickle ({type(e).__name__}: {e})"
+            if isinstance(e, EOFError) or "truncated" in str(e) or "remain" in str(e):
+                return None, "unreadable pickle: cut short (a truncated file?)"
+            return None, f"unreadable pickle ({type(e).__name__}: {_short(e)})"
+        budget = EXPANSION * len(data) + EXPANSION_SLACK
+        if _unpacked_size(obj, budget) > budget:
+            return (
+                None,
+                f"refused pickle: its {len(data)} bytes unpack to more than {budget} objects/characters",
+            )
+        return obj, None
     try:
         return json.loads(data.decode("utf-8", errors="strict")), None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        return None, f"neither a pickle nor JSON ({type(e).__name__}: {e})"
+        what = (
+            "JSON that does not parse (cut short?)"
+            if data.lstrip()[:1] in (b"{", b"[")
+            else "neither a pickle nor JSON"
+        )
+        return None, f"{what} ({type(e).__name__}: {_short(e)})"
+
+
+def _short(e: Exception) -> str:
+    return " ".join(str(e).split())[:200]
+
+
+def _unpacked_size(obj: Any, budget: int) -> int:
+    """Objects plus characters in obj, counting every reference again (as a reader would), up to budget+1."""
+    size, stack = 0, [obj]
+    while stack and size <= budget:
+        o = stack.pop()
+        size += 1
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif isinstance(o, (str, bytes)):
+            size += len(o)
+        elif isinstance(o, int) and not -_INT64 <= o < _INT64:
+            size += o.bit_length() // 8
+    return size
 
 
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
@@ -380,7 +432,7 @@ def _pg_ranks(raw: Any) -> dict[str, list[int]]:
     for name, info in raw.items():
         ranks = info.get("ranks") if isinstance(info, dict) else None
         if isinstance(ranks, str):
-            ranks = [int(x) for x in re.findall(r"-?\d+", ranks)]
+            ranks = re.findall(r"-?\d+", ranks)
         if isinstance(ranks, (list, tuple)):
             out[str(name)] = [r for r in (_int(x) for x in ranks) if r is not None]
     return out
@@ -416,7 +468,9 @@ def _sizes(raw: Any) -> list[list[int]] | None:
 
 
 def _numel(sizes: list[list[int]] | None) -> int | None:
-    return None if sizes is None else sum(math.prod(s) for s in sizes)
+    if sizes is None or any(len(s) > MAX_DIMS for s in sizes):
+        return None
+    return sum(math.prod(s) for s in sizes)
 
 
 def _compact(sizes: list[list[int]] | None) -> str:
@@ -424,28 +478,39 @@ def _compact(sizes: list[list[int]] | None) -> str:
 
 
 def _strs(raw: Any) -> list[str]:
-    return [str(x) for x in raw if isinstance(x, str)] if isinstance(raw, (list, tuple)) else []
+    return (
+        [x[:MAX_STR] for x in raw[:MAX_DIMS] if isinstance(x, str)] if isinstance(raw, (list, tuple)) else []
+    )
 
 
 def _str(raw: Any) -> str | None:
+    """A name or state as text, cut at MAX_STR; None for a container (never its repr: it may be huge)."""
     if isinstance(raw, bytes):
-        return raw.decode("utf-8", errors="replace")
-    return raw if isinstance(raw, str) else (None if raw is None else str(raw))
+        return raw[:MAX_STR].decode("utf-8", errors="replace")
+    if isinstance(raw, str):
+        return raw[:MAX_STR]
+    if isinstance(raw, float):
+        return str(raw)
+    if isinstance(raw, int):
+        return str(raw) if _int(raw) is not None else None  # str() of a 5000-digit int raises
+    return None
 
 
 def _int(raw: Any) -> int | None:
+    """An int64 (what torch records), or None: out-of-range numbers are corrupt, not counts to multiply."""
     if isinstance(raw, bool):
         return int(raw)
+    value = None
     if isinstance(raw, int):
-        return raw
-    if isinstance(raw, float) and raw.is_integer():
-        return int(raw)
-    if isinstance(raw, (str, bytes)):
+        value = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        value = int(raw)
+    elif isinstance(raw, (str, bytes)) and len(raw) <= 20:
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
             return None
-    return None
+    return value if value is not None and -_INT64 <= value < _INT64 else None
 
 
 def _max(a: int | None, b: int) -> int:

@@ -39,9 +39,9 @@ from hangdx.probes.text import lines, looks_binary
 KIND = "ibstat"
 
 _CA = re.compile(r"^CA '([^']+)'\s*$")
-_PORT = re.compile(r"^\s+Port (\d+):\s*$")
+_PORT = re.compile(r"^\s+Port (\d{1,9}):\s*$")  # {1,9}: int() of 5000 digits raises
 _FIELD = re.compile(r"^\s+(State|Physical state|Rate|Link layer):\s*(.*?)\s*$")
-_IBSTATUS = re.compile(r"^Infiniband device '([^']+)' port (\d+) status:\s*$")
+_IBSTATUS = re.compile(r"^Infiniband device '([^']+)' port (\d{1,9}) status:\s*$")
 _IBSTATUS_FIELD = re.compile(r"^\s+(state|phys state|rate|link_layer):\s*(.*?)\s*$")
 _PANIC = re.compile(r"^ibpanic: .*")
 

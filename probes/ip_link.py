@@ -20,7 +20,8 @@ from hangdx.probes.text import lines, looks_binary
 
 KIND = "ip_link"
 
-_HEADER = re.compile(r"^\s*\d+:\s+([^:\s]+):\s+<([^>]*)>\s+mtu\s+(\d+)\b(.*)$")
+# mtu {1,9} digits: int() of a 5000-digit number raises
+_HEADER = re.compile(r"^\s*\d+:\s+([^:\s]+):\s+<([^>]*)>\s+mtu\s+(\d{1,9})\b(.*)$")
 _STATE = re.compile(r"\bstate\s+(\S+)")
 _DETAIL = re.compile(r"^\s+(?:link/\w+|inet6?\s|valid_lft\s|altname\s)")
 

@@ -60,10 +60,13 @@ _GPU_UUID = re.compile(rf"NVRM: GPU at (?:PCI:)?({_BUS}): (GPU-[0-9a-fA-F-]+)")
 _NVIDIA_GPU = re.compile(rf"NVRM: (?:The NVIDIA GPU|GPU at (?:PCI:)?|GPU) ({_BUS})\b")
 _FALLEN = re.compile(r"fallen off\s+the bus", re.I)
 
-_OOM_KILLED = re.compile(r"(?:(Memory cgroup) )?[Oo]ut of memory: Kill(?:ed)? process (\d+) \(([^)]*)\)(.*)$")
-_KILLED = re.compile(r"^Killed process (\d+) \(([^)]*)\)(.*)$")
+# A task's comm is at most 15 bytes (TASK_COMM_LEN): bounded repeats keep long hostile lines linear.
+_OOM_KILLED = re.compile(
+    r"(?:(Memory cgroup) )?[Oo]ut of memory: Kill(?:ed)? process (\d+) \(([^)]{0,64})\)(.*)$"
+)
+_KILLED = re.compile(r"^Killed process (\d+) \(([^)]{0,64})\)(.*)$")
 _OOM_KILL = re.compile(r"oom-kill:(\S+)")
-_HUNG = re.compile(r"INFO: task (.+):(\d+) blocked for more than (\d+) seconds")
+_HUNG = re.compile(r"INFO: task (.{1,64}?):(\d+) blocked for more than (\d+) seconds")
 _NFS = re.compile(r"\bnfs: server (\S+) (not responding, (still trying|timed out)|OK)\b")
 _SEGV = re.compile(r"(?<!\S)(\S+)\[(\d+)\]: segfault at (\S+)(.*)$")
 _TRAP = re.compile(r"traps: (\S+)\[(\d+)\] (general protection fault|trap [\w ]+?)(?: ip| in |$)")
@@ -225,7 +228,10 @@ class _State:
         ln = _Line(raw)
         msg = ln.msg
         if "NVRM:" in msg:
-            self.nvrm(no, raw, ln, msg)
+            try:
+                self.nvrm(no, raw, ln, msg)
+            except ValueError:  # e.g. an Xid code of 5000 digits: skipped, never fatal
+                pass
             return
         if self.pending_gpu and no - self.pending_gpu[1] > 3:
             self.pending_gpu = None
@@ -499,9 +505,9 @@ class _State:
 
     def finish(self) -> None:
         # A bare "fallen off the bus" line only stands in for an Xid 79 the log does not have.
-        for e in self.inferred:
-            if e.fields.get("bus_id") in self.xid79:
-                self.ev.events.remove(e)
+        drop = {id(e) for e in self.inferred if e.fields.get("bus_id") in self.xid79}
+        if drop:  # one pass: list.remove() per event is quadratic on a log that repeats the pair
+            self.ev.events[:] = [e for e in self.ev.events if id(e) not in drop]
         for host in sorted(self.hosts):
             self.ev.note_host(host)
 

@@ -23,28 +23,30 @@ from hangdx.probes.text import looks_binary, strip_rank_prefix
 KIND = "nccl_log"
 
 _LINE = re.compile(
-    r"(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
-    r"(?:\d+\.\d+ )?(?:\S+:\d+ (?:\([^)]*\) )?)?NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
+    r"(?<![\w.\-])(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?:\d+\.\d+ )?(?:\S+:\d+ (?:\([^()]*\) )?)?NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
 )
 _TIMESTAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
-_VERSION = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)(\S*)")
+_VERSION = re.compile(r"NCCL version (\d{1,6})\.(\d{1,6})\.(\d{1,6})(\S*)")  # int() refuses 5000 digits
 _COLL = re.compile(
     r"^(?P<op>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<send>\S+) recvbuff (?P<recv>\S+) "
-    r"count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
-    r"comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) \[nranks=(?P<nranks>\d+)\](?: stream (?P<stream>\S+))?"
+    r"count (?P<count>\d{1,20}) datatype (?P<dtype>\d{1,9}) op (?P<redop>\d{1,9}) root (?P<root>-?\d{1,9}) "
+    r"comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) \[nranks=(?P<nranks>\d{1,9})\](?: stream (?P<stream>\S+))?"
 )
 # 2.19+: one line per communicator with its shape.
 _INIT_SHAPE = re.compile(
     r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
     r"localRanks (?P<local_ranks>\d+) localRank (?P<local_rank>\d+)(?: MNNVL (?P<mnnvl>\d+))?"
 )
-# Every version: "[ncclCommInitRank ]comm 0x.. rank 3 nranks 8 cudaDev 3 [nvmlDev 3 ]busId .. - Init COMPLETE".
+# Every version: "[ncclCommInitRank ]comm 0x.. rank 3 nranks 8 cudaDev 3 [nvmlDev 3 ]busId .. - Init COMPLETE"
+# (commId, when printed, comes before "Init COMPLETE").
 _INIT_DONE = re.compile(
-    r"(?:(?P<func>nccl\w+) )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
-    r"cudaDev (?P<cuda_dev>-?\d+)(?:.*?commId (?P<comm_id>0x[0-9a-fA-F]+))?.*Init COMPLETE"
+    r"(?:(?<!\w)(?P<func>nccl\w+) )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
+    r"cudaDev (?P<cuda_dev>-?\d+)"
 )
+_COMM_ID = re.compile(r"commId (0x[0-9a-fA-F]+)")
 _NET_USING = re.compile(r"^NET/(?P<transport>[\w/]+) ?: Using ?(?P<devices>.*)$")
-_NET_NETWORK = re.compile(r"^Using network (?P<transport>.+?)\s*$")
+_NET_NETWORK = re.compile(r"^Using network (?P<transport>.*\S)\s*$")
 _IFNAME = re.compile(r"^(?P<var>NCCL_\w*IFNAME) set (?:by environment )?to (?P<value>\S+)")
 # <= 2.18: "with error 12, opcode 0, len 0, vendor err 129 (Recv)"; 2.21-2.28: "with status=12 opcode=0 len=0
 # vendor err 129 (Recv)"; 2.29+: "with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) vendor_err=129".
@@ -63,15 +65,17 @@ _REMOTE_GID = re.compile(r"remoteGids? ?(\S+)")
 # "... async fatal event on QP (0x..): ..." and "... GID table changed".
 _IB_ASYNC = re.compile(
     r"NET/IB ?: (?:(?P<dev>[\w.\-]+):(?P<port>\d+) )?"
-    r"(?:Got (?:non-fatal |)async (?:error )?event ?: ?(?P<event>.+?)(?:\((?P<code>\d+)\))?\s*$"
-    r"|async fatal event on (?P<fatal_on>QP|SRQ)\b.*?: (?P<fatal_event>[^:]+?)\s*$"
+    r"(?:Got (?:non-fatal |)async (?:error )?event ?: ?(?P<event>.*\S)"
+    r"|async fatal event on (?P<fatal_on>QP|SRQ)\b.*: (?P<fatal_event>[^:]+)$"
     r"|(?P<gid>GID table changed))"
 )
+_EVENT_CODE = re.compile(r"\((\d+)\)$")
+# (Every group stops at a comma or the line's end: a lazy `.+?` before `\s*$` is quadratic on long lines.)
 _CONNECT_FAIL = re.compile(
-    r"(?:[Cc]onnect to (?P<peer>\S+) (?:failed : |returned )(?P<err>[^,]+?)(?:, retrying.*|, exceeded.*)?\s*$"
-    r"|Call to connect returned (?P<err2>.+?), retrying"
+    r"(?:[Cc]onnect to (?P<peer>\S+) (?:failed : |returned )(?P<err>[^,]+)(?:, retrying.*|, exceeded.*)?$"
+    r"|Call to connect returned (?P<err2>[^,]{1,200}), retrying"
     r"|Connection closed by remote peer (?P<peer3>\S+)"
-    r"|Call to (?:recv from|send to) (?P<peer4>\S+) failed : (?P<err4>.+?)\s*$)"
+    r"|Call to (?:recv from|send to) (?P<peer4>\S+) failed : (?P<err4>.*\S))"
 )
 _TIMEOUT = re.compile(r"exceeded timeouts|timed out|[Tt]imeout", re.I)
 
@@ -295,6 +299,8 @@ def _one(nl: NcclLine, src: Source, ev: Evidence, st: _State) -> None:
     m = _IB_ASYNC.search(msg)
     if m:
         event = m["event"] or m["fatal_event"] or ("GID table change" if m["gid"] else "")
+        code = _EVENT_CODE.search(event) if m["event"] else None
+        event = event[: code.start()] if code else event
         _event(
             "nccl_port_error",
             nl,
@@ -303,7 +309,7 @@ def _one(nl: NcclLine, src: Source, ev: Evidence, st: _State) -> None:
             device=m["dev"],
             port=int(m["port"]) if m["port"] else None,
             event=event.strip(),
-            event_code=int(m["code"]) if m["code"] else None,
+            event_code=int(code.group(1)) if code else None,
             fatal=bool(m["fatal_on"]),
         )
         return
@@ -330,12 +336,14 @@ def _init_line(nl: NcclLine, src: Source, ev: Evidence, st: _State) -> bool:
         )
         _init_event(nl, src, ev, st, m["comm"], facts)
         return True
-    m = _INIT_DONE.search(nl.msg)
-    if m:
+    m = _INIT_DONE.search(nl.msg) if "Init COMPLETE" in nl.msg else None
+    done = nl.msg.rfind("Init COMPLETE", m.end()) if m else -1
+    if m and done >= 0:
         facts = st.comms.setdefault((nl.pid, m["comm"]), {})
         facts.update(rank=int(m["rank"]), nranks=int(m["nranks"]), cuda_dev=int(m["cuda_dev"]))
-        if m["comm_id"]:
-            facts["comm_id"] = m["comm_id"]
+        comm_id = _COMM_ID.search(nl.msg, m.end(), done)
+        if comm_id:
+            facts["comm_id"] = comm_id.group(1)
         _init_event(nl, src, ev, st, m["comm"], facts, complete=True)
         return True
     return False
@@ -409,6 +417,7 @@ def _ib_completion(nl: NcclLine, m: re.Match, src: Source, ev: Evidence) -> None
 def _conn_event(nl: NcclLine, m: re.Match, src: Source, ev: Evidence) -> None:
     peer = m["peer"] or m["peer3"] or m["peer4"]
     err = m["err"] or m["err2"] or m["err4"] or ("Connection closed by remote peer" if m["peer3"] else None)
+    err = err.strip() if err else err
     _event("nccl_conn_refused", nl, src, ev, peer=peer, error=err, retrying="retrying" in nl.msg)
 
 

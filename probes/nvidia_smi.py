@@ -40,13 +40,15 @@ _UUID = re.compile(r"^(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-
 _BUS_RE = re.compile(rf"^{_BUS}$")
 
 _HEADER = re.compile(r"NVIDIA-SMI \S+\s+Driver Version: (\S+)")
-_ROW1 = re.compile(r"^\s*(\d+)\s+(.+?)\s+(On|Off)\s*$")
+# Captures start and end on a non-space: a lazy `.+?` between `\s+` runs is quadratic on long lines.
+_ROW1 = re.compile(r"^\s*(\d+)\s+(\S(?:.*\S)?)\s+(On|Off)\s*$")
 _ROW1_BUS = re.compile(rf"^\s*({_BUS})\s+(\S+)\s*$")
-_POWER = re.compile(r"(\d+(?:\.\d+)?)W\s*/\s*(?:\d+(?:\.\d+)?W|N/A)")
-_MEM = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
+# (?<!..): a search starts at the first digit of a number only (linear on a long run of digits)
+_POWER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)W\s*/\s*(?:\d+(?:\.\d+)?W|N/A)")
+_MEM = re.compile(r"(?<!\d)(\d+)MiB\s*/\s*(\d+)MiB")
 _UTIL = re.compile(r"^\s*(\d+)%")
 _PROC = re.compile(
-    r"^\s*(\d+)\s+(?:(N/A|\d+)\s+(N/A|\d+)\s+)?(\d+)\s+(C\+G|M\+C|C|G|M)\s+(.*?)\s+(\d+MiB|N/A)\s*$"
+    r"^\s*(\d+)\s+(?:(N/A|\d+)\s+(N/A|\d+)\s+)?(\d+)\s+(C\+G|M\+C|C|G|M)(?:\s+(\S(?:.*\S)?))??\s+(\d+MiB|N/A)\s*$"
 )
 
 _FAILED = re.compile(
@@ -54,6 +56,7 @@ _FAILED = re.compile(
 )
 _LOST = re.compile(rf"Unable to determine the device handle for (?:GPU|gpu)\s*(\d+)?:?\s*({_BUS}):\s*(.*)$")
 
+_UNIT = re.compile(r"(?<!\s)\s*\[[^\[\]]*\]$")  # " [MiB]" after a CSV column name
 _ERRORS = ("ERR!", "[Unknown Error]", "[GPU is lost]", "[GPU requires reset]", "Unknown Error")
 _KEYS = {
     "index": "index",
@@ -113,7 +116,7 @@ def _csv_header(line: str) -> list[str] | None:
     """The field keys of an nvidia-smi CSV header line, or None."""
     if "," not in line:
         return None
-    names = [re.sub(r"\s*\[[^\]]*\]$", "", p.strip()) for p in line.split(",")]
+    names = [_UNIT.sub("", p.strip()) for p in line.split(",")]
     if not all(re.fullmatch(r"[a-z][a-z0-9_.]*", n) for n in names):
         return None
     keys = [_KEYS.get(n, "") for n in names]
@@ -264,7 +267,7 @@ class _Parser:
     def process_row(self, no: int, raw: str, m: re.Match[str]) -> None:
         index, pid = int(m.group(1)), int(m.group(4))
         mem, _ = _number(m.group(7))
-        app = {"pid": pid, "process_name": m.group(6).strip(), "index": index, "used_memory_mib": mem}
+        app = {"pid": pid, "process_name": (m.group(6) or "").strip(), "index": index, "used_memory_mib": mem}
         self.apps.append((app, self.quote(no, raw)))
 
     def csv_row(self, no: int, raw: str, s: str, keys: list[str]) -> None:
@@ -369,5 +372,8 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
         return
     p = _Parser(src, ev)
     for no, raw in enumerate(lines(data), 1):
-        p.line(no, raw)
+        try:
+            p.line(no, raw)
+        except ValueError:  # a mangled line (a number of 5000 digits, say) is skipped, never fatal
+            continue
     p.finish()

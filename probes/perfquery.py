@@ -34,10 +34,12 @@ from hangdx.probes.text import lines, looks_binary
 
 KIND = "perfquery"
 
-_HEADER = re.compile(r"^# Port (?:extended )?counters: Lid (\d+) (?:port (\d+)|all ports)")
+# Numbers are bounded ({1,9}: a lid or port; a counter is 64 bits): int() of 5000 digits raises.
+_HEADER = re.compile(r"^# Port (?:extended )?counters: Lid (\d{1,9}) (?:port (\d{1,9})|all ports)")
 _MARKER = re.compile(r"^# hangdx sample (\S+)(.*)$")
-_KV = re.compile(r"(\w+)=(\S+)")
-_COUNTER = re.compile(r"^([A-Za-z][A-Za-z0-9]*):\.+\s*(0x[0-9A-Fa-f]+|\d+)\s*$")
+_KV = re.compile(r"(?<!\w)(\w+)=(\S+)")
+_PORT = re.compile(r"\d{1,9}")
+_COUNTER = re.compile(r"^([A-Za-z][A-Za-z0-9]*):\.+\s*(0x[0-9A-Fa-f]{1,16}|\d{1,20})\s*$")
 _FAILURE = re.compile(r"^(?:ibwarn|iberror|perfquery): .*")
 _SELECTORS = {"PortSelect", "CounterSelect", "CounterSelect2"}
 _KNOWN = ("SymbolErrorCounter", "PortXmitData", "PortRcvData", "LinkDownedCounter", "PortXmitWait")
@@ -67,7 +69,7 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
     seen: dict[tuple[int | None, int], int] = {}  # blocks so far per (lid, port)
 
     def start(lid: int | None, port: int, q: Quote) -> IbPort:
-        if marker.get("port", "").isdigit():
+        if _PORT.fullmatch(marker.get("port", "")):
             port = int(marker["port"])
         key = (lid, port)
         index = seen.get(key, 0)
@@ -99,6 +101,6 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
                 block = start(None, 0, q)
             name, value = m.group(1), m.group(2)
             if name not in _SELECTORS:
-                block.counters[name] = int(value, 0)
+                block.counters[name] = int(value, 16) if value.startswith("0x") else int(value)  # "007" too
         elif _FAILURE.match(line):
             ev.gap(src.name, line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import fields
 
 from hangdx.probes.model import Evidence, ProcessState, Source
@@ -10,7 +11,20 @@ from hangdx.probes.text import decode
 
 KIND = "procstate"
 
-_FIELDS = {f.name for f in fields(ProcessState)}
+_FIELDS = {f.name: str(f.type) for f in fields(ProcessState)}  # name -> "int | None", "str", ...
+
+
+def _fits(value: object, typ: str) -> bool:
+    """True when a JSON value has the field's type (a float is no pid, a bool no count, NaN no time)."""
+    if value is None:
+        return "None" in typ
+    if isinstance(value, bool):
+        return False
+    if typ.startswith("int"):
+        return isinstance(value, int)
+    if typ.startswith("float"):
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return typ.startswith("str") and isinstance(value, str)
 
 
 def sniff(head: bytes) -> int:
@@ -20,23 +34,23 @@ def sniff(head: bytes) -> int:
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
     try:
         doc = json.loads(decode(data))
-    except ValueError as e:
-        ev.gap(src.name, f"process-state file is not valid JSON (truncated?): {e}")
+    except (ValueError, RecursionError) as e:
+        ev.gap(src.name, f"process-state file is not valid JSON (truncated?): {type(e).__name__}: {e}")
         return
     if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
         ev.gap(src.name, "process-state file without samples")
         return
-    if doc.get("job_id") and not ev.job_id:
+    if isinstance(doc.get("job_id"), (str, int)) and doc["job_id"] != "" and not ev.job_id:
         ev.job_id = str(doc["job_id"])
-    if isinstance(doc.get("world_size"), int) and not ev.world_size:
+    if _fits(doc.get("world_size"), "int") and not ev.world_size:
         ev.world_size = doc["world_size"]
-    host = doc.get("host") or src.host
+    host = doc.get("host") if isinstance(doc.get("host"), str) and doc.get("host") else src.host
     for s in doc["samples"]:
-        if not isinstance(s, dict) or not isinstance(s.get("pid"), int):
+        if not isinstance(s, dict) or not _fits(s.get("pid"), "int"):
             continue
-        values = {k: v for k, v in s.items() if k in _FIELDS}
+        # A value of the wrong type (a hand-edited or corrupt file) is dropped, not carried into the facts.
+        values = {k: v for k, v in s.items() if k in _FIELDS and _fits(v, _FIELDS[k])}
         values.setdefault("host", host)
-        if not isinstance(values.get("rank"), (int, type(None))):
-            values["rank"] = None
+        values.setdefault("rank", None)  # the one field without a default
         ev.processes.append(ProcessState(**values))
     ev.note_host(host)

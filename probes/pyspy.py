@@ -34,7 +34,7 @@ _THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \(([a-z+]+)\)(?:: \"(.*)\")?
 _FRAME = re.compile(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
 _LOCAL = re.compile(r"^ {12}([^:]+): (.*)$")
 _MARKER = re.compile(r"^# hangdx stack-sample (.*)$")
-_KV = re.compile(r"(\w+)=(\S+)")
+_KV = re.compile(r"(?<!\w)(\w+)=(\S+)")
 
 _STATES = {"idle": "idle", "active": "active", "active+gil": "gil", "gil": "gil", "idle+gil": "gil"}
 
@@ -58,10 +58,13 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if text.lstrip().startswith("["):
         try:
             doc = json.loads(text)
-        except ValueError:
-            doc = None
+        except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." deeper than Python's stack
+            doc, why = None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
         if isinstance(doc, list):
             _parse_json(doc, src, ev)
+            return
+        if doc is None and '"frames"' in text[:16384]:
+            ev.gap(src.name, f"py-spy --json output that is not valid JSON (cut short?): {why}")
             return
     _parse_text(text, src, ev)
 
@@ -74,6 +77,13 @@ def _marker_fields(line: str) -> dict[str, str]:
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value not in (None, "", "None") else None
+    except ValueError:  # not a number, or one of more than 4300 digits
+        return None
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
     except ValueError:
         return None
 
@@ -91,7 +101,7 @@ def _parse_text(text: str, src: Source, ev: Evidence) -> None:
             host=meta.get("host") or src.host,
             threads=[],
             source=src.name,
-            taken_at=float(meta["time"]) if "time" in meta else None,
+            taken_at=_float(meta.get("time")),
             command=command,
             role=meta.get("role", "rank"),
         )
@@ -105,7 +115,7 @@ def _parse_text(text: str, src: Source, ev: Evidence) -> None:
             continue
         m = _PROCESS.match(line)
         if m:
-            dump, thread = start_dump(int(m.group(1)), m.group(2).strip()), None
+            dump, thread = start_dump(_int(m.group(1)), m.group(2).strip()), None
             continue
         m = _PYTHON.match(line)
         if m and dump is not None:
@@ -116,7 +126,7 @@ def _parse_text(text: str, src: Source, ev: Evidence) -> None:
             if dump is None:
                 dump = start_dump(None, None)
             raw_id = m.group(1)
-            tid = int(raw_id, 16) if raw_id.startswith("0x") else int(raw_id)
+            tid = int(raw_id, 16) if raw_id.startswith("0x") else _int(raw_id)
             thread = ThreadStack(
                 tid=tid,
                 name=m.group(3) or "",
@@ -126,14 +136,15 @@ def _parse_text(text: str, src: Source, ev: Evidence) -> None:
             )
             dump.threads.append(thread)
             continue
-        m = _FRAME.match(line)
-        if m and thread is not None:
+        # A frame line ends with ")": checked first, since _FRAME is quadratic on a long line that does not.
+        m = _FRAME.match(line) if thread is not None and line.rstrip().endswith(")") else None
+        if m:
             func, where, lineno = m.group(1), m.group(2), m.group(3)
             thread.frames.append(
                 Frame(
                     function=func,
                     file=where,
-                    line=int(lineno) if lineno else None,
+                    line=_int(lineno),
                     native=lineno is None,
                     quote=Quote(src.name, no, line.strip()),
                 )

@@ -73,10 +73,21 @@ def parse_artifact(
         what = "binary content" if looks_binary(data[:HEAD_BYTES]) else "text"
         ev.gap(src.name, f"not a known artifact ({what} of {len(data)} bytes): skipped")
         return None
+    before = _size(ev)
     try:
         mod.parse(data, src, ev)
     except Exception as e:  # noqa: BLE001 - a bad file becomes a gap, never a traceback
-        ev.gap(src.name, f"could not parse as {mod.KIND}: {type(e).__name__}: {e}")
+        ev.gap(
+            src.name, f"could not parse as {mod.KIND}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        )
         return None
+    if _size(ev) == before and not quiet:  # a file cut short, say: named, never silently dropped
+        ev.gap(src.name, f"read as {mod.KIND}, but nothing in its {len(data)} bytes is evidence hangdx uses")
     ev.note_host(src.host)
     return mod.KIND
+
+
+def _size(ev: Evidence) -> tuple:
+    """How much ev holds: a parser that adds nothing leaves it unchanged (pids joined to GPUs count)."""
+    lists = (ev.stacks, ev.processes, ev.collectives, ev.events, ev.gpus, ev.ib_ports, ev.links, ev.gaps)
+    return (*map(len, lists), sum(len(g.pids) for g in ev.gpus), ev.job_id, ev.world_size)

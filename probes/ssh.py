@@ -481,8 +481,10 @@ class _Probe:
         doc = _parse(out)
         noise = 0
         if doc is None:
-            # A shell startup file (.bashrc) printing a banner before the collector's output.
-            at = out.find(b'{"hangdx_collector"')
+            # A shell startup file (.bashrc) printing a banner before the collector's output. The document is
+            # the last thing printed (a banner may itself hold the marker; inside the document it cannot
+            # appear again, since JSON escapes every quote in a string).
+            at = out.rfind(b'{"hangdx_collector"')
             if at > 0:
                 doc, noise = _parse(out[at:]), at
         if doc is None:
@@ -573,17 +575,22 @@ def fan_out(
     interval: float = 0.7,
     hardware: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    script: Callable[[HostSpec], bytes] | None = None,
 ) -> list[dict]:
     """One collector document per host, in input order, all hosts at once; never past the deadline.
 
-    `progress(done, total)` is called as hosts report (from the fan-out's threads; keep it quick)."""
+    `progress(done, total)` is called as hosts report (from the fan-out's threads; keep it quick).
+    `script(host)`, when given, is the program each host runs instead of the collector (`hangdx doctor`'s
+    checks); like the collector, it prints one JSON document with a "hangdx_collector" key."""
     if not hosts:
         return []
     deadline = time.monotonic() + settings.deadline
-    probes = [
-        _Probe(h, settings, collector_script(job_id, samples, interval, hardware, h.name), deadline)
-        for h in hosts
-    ]
+    if script is None:
+
+        def script(h: HostSpec) -> bytes:
+            return collector_script(job_id, samples, interval, hardware, h.name)
+
+    probes = [_Probe(h, settings, script(h), deadline) for h in hosts]
     results: list[dict | None] = [None] * len(hosts)
     lock = threading.Lock()
     queue = iter(range(len(hosts)))

@@ -7,7 +7,7 @@ import re
 # A rank's log may be gigabytes; only the tail matters to a hang.
 MAX_TEXT_BYTES = 32 * 1024 * 1024
 
-_RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d+)\]:\s?")
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d{1,9})\]:\s?")  # {1,9}: int() of 5000 digits raises
 
 
 def looks_binary(head: bytes) -> bool:

@@ -30,12 +30,13 @@ _LOG_HEADER = re.compile(
 )
 # "[Rank 3]", "[PG 1 Rank 0]", "[PG 0 (default_pg) Rank 12]", "[PG ID 0 PG GUID 0(default_pg) Rank 1]".
 _PG_RANK = re.compile(
-    r"\[(?:PG (?:ID )?(?P<pgid>\d+)(?: PG GUID (?P<guid>[^\s(\]]+))? ?(?:\((?P<pgname>[^)]*)\))? )?Rank (?P<rank>\d+)\]"
+    r"\[(?:PG (?:ID )?(?P<pgid>\d+)(?: PG GUID (?P<guid>[^\s(\]]+))? ?(?:\((?P<pgname>[^()\[\]]*)\))? )?Rank (?P<rank>\d+)\]"
 )
-_WATCHDOG = re.compile(
-    r"Watchdog caught collective operation timeout: WorkNCCL\((?P<args>.*?)\) ran for (?P<ran>\d+) milliseconds"
-)
-_WORK_ARG = re.compile(r"(\w+(?:\(ms\))?)=([^,)]+)")
+# "Watchdog caught collective operation timeout: WorkNCCL(<args>) ran for <ms> milliseconds": the head is
+# found first, then the first end after it (one lazy regex over both is quadratic on a long line).
+_WATCHDOG_HEAD = "Watchdog caught collective operation timeout: WorkNCCL("
+_WATCHDOG_END = re.compile(r"\) ran for (\d+) milliseconds")
+_WORK_ARG = re.compile(r"(?<!\w)(\w+(?:\(ms\))?)=([^,)]+)")
 _LAST_ENQ = re.compile(r"last enqueued (?:NCCL )?work: (\d+)")
 _LAST_DONE = re.compile(r"last completed (?:NCCL )?work: (\d+)")
 _LAST_START = re.compile(r"last started (?:NCCL )?work: (\d+)")
@@ -54,15 +55,15 @@ _FP_ARG = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes|TensorDev
 _MONITORED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")
 _REPORTER = re.compile(r"\[Rank (\d+)\]")
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation to complete")
-_GLOO_SIZE = re.compile(r"(?:(\d+) vs (\d+)\. )?Received data size doesn't match expected size")
-_CONN_CLOSED = re.compile(r"Connection closed by peer \[([^\]]+)\]:(\d+)")
+_GLOO_SIZE = re.compile(r"(?:(?<!\d)(\d+) vs (\d+)\. )?Received data size doesn't match expected size")
+_CONN_CLOSED = re.compile(r"Connection closed by peer \[([^\[\]]+)\]:(\d+)")
 _CONN_ERROR = re.compile(r"(Read|Write) error \[([^\]]+)\]:(\d+): (Connection reset by peer|Broken pipe)")
 _CONN_GENERIC = re.compile(r"Connection reset by peer|Broken pipe")
 _DDP_EXPECTED = "Expected to have finished reduction in the prior iteration"
 _DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ?(.*)$")
 _DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ?(.*)$")
 _TR_ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
-_TR_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*?)\s*$")
+_TR_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _PROC_FAILED = re.compile(
     r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)(?: of binary: (.*))?"
 )
@@ -72,15 +73,16 @@ _OOM_GPU = re.compile(r"GPU (\d+)")
 _OOM_TOTAL = re.compile(
     r"total capacity of ([\d.]+ ?[KMGTP]?i?B) of which ([\d.]+ ?[KMGTP]?i?B|0 bytes) is free"
 )
-_OOM_TOTAL_OLD = re.compile(r"([\d.]+ ?[KMGTP]?i?B) total capacity;.*?([\d.]+ ?[KMGTP]?i?B) free")
+_OOM_TOTAL_OLD = re.compile(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) total capacity;")
+_OOM_FREE_OLD = re.compile(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) free")
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*\S)\s*$')
 _SIGNAL_NAME = re.compile(r"\((SIG[A-Z0-9]+)\)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1000, "MB": 10**6}
 _UNITS.update({"GB": 10**9, "TB": 10**12})
 # c10's log header naming a process-group source file: "[E1122 ... ProcessGroupGloo.cpp:2901]" (a py-spy
 # native frame prints "(ProcessGroupNCCL.cpp:1234)", which must not count).
-_PG_HEADER = re.compile(r"ProcessGroup\w+\.cpp:\d+\]")
+_PG_HEADER = re.compile(r"ProcessGroup\w{1,40}\.cpp:\d+\]")  # bounded: linear on a long word
 
 # Lines only PyTorch or torchrun print; each counts ten towards the sniff weight.
 _TELLTALES = (
@@ -154,7 +156,7 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
 
 
 def _ranks(text: str) -> list[int]:
-    return [int(x) for x in re.findall(r"\d+", text)]
+    return [int(x) for x in re.findall(r"\d+", text) if len(x) <= 9]  # int() of 5000 digits raises
 
 
 def _op_name(raw: str) -> str:
@@ -170,7 +172,10 @@ def _bytes(size: str) -> int | None:
     m = re.match(r"([\d.]+) ?([KMGTP]?i?B)", size)
     if not m or m.group(2) not in _UNITS:
         return None
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        return int(float(m.group(1)) * _UNITS[m.group(2)])
+    except (ValueError, OverflowError):  # "1.2.3 GiB"; 5000 digits are an infinite float
+        return None
 
 
 @dataclass
@@ -283,15 +288,16 @@ def _one(ln: _Line, st: _State) -> None:
 
 
 def _watchdog(ln: _Line, st: _State) -> None:
-    m = _WATCHDOG.search(ln.msg)
-    if not m:
+    start = ln.msg.find(_WATCHDOG_HEAD)
+    end = _WATCHDOG_END.search(ln.msg, start + len(_WATCHDOG_HEAD)) if start >= 0 else None
+    if not end:
         return
-    args = dict(_WORK_ARG.findall(m["args"]))
+    args = dict(_WORK_ARG.findall(ln.msg[start + len(_WATCHDOG_HEAD) : end.start()]))
     seq = int(args["SeqNum"]) if args.get("SeqNum", "").isdigit() else None
     raw_op = args.get("OpType", "").strip()
     op = _op_name(raw_op) if raw_op else "unknown"
     pg_m = next((p for p in _PG_RANK.finditer(ln.msg) if p["pgid"] is not None), None)
-    before = list(_PG_RANK.finditer(ln.msg[: m.start()]))  # the "[Rank N]" right before the message
+    before = list(_PG_RANK.finditer(ln.msg[:start]))  # the "[Rank N]" right before the message
     rank = ln.rank if ln.rank is not None else (int(before[-1]["rank"]) if before else _rank_of(ln, st))
     pg = pg_m["pgid"] if pg_m else None
     key = (rank, seq, op)
@@ -314,7 +320,7 @@ def _watchdog(ln: _Line, st: _State) -> None:
         numel_in=int(numel_in) if numel_in and numel_in.strip().isdigit() else None,
         numel_out=int(numel_out) if numel_out and numel_out.strip().isdigit() else None,
         timeout_ms=int(timeout) if timeout and timeout.strip().isdigit() else None,
-        ran_ms=int(m["ran"]),
+        ran_ms=int(end.group(1)),
         pg=pg,
         pg_name=pg_m["pgname"] if pg_m else None,
     )
@@ -448,7 +454,8 @@ def _close_desync(st: _State) -> None:
 def _fingerprints(text: str) -> dict[int, dict[str, str]]:
     """Rank -> fields of each `Rank N is running collective: CollectiveFingerPrint(...)` (nested parens)."""
     out: dict[int, dict[str, str]] = {}
-    for m in _FINGERPRINT.finditer(text):
+    m = _FINGERPRINT.search(text)
+    while m:
         depth, i = 1, m.end()
         while i < len(text) and depth:
             depth += {"(": 1, ")": -1}.get(text[i], 0)
@@ -460,6 +467,7 @@ def _fingerprints(text: str) -> dict[int, dict[str, str]]:
             end = nxt.start() if nxt else len(inner)
             parts[k.group(1)] = inner[k.end() : end].rstrip(", ")
         out[int(m.group(1))] = parts
+        m = _FINGERPRINT.search(text, i)  # on from the end of this one: never rescan (quadratic)
     return out
 
 
@@ -579,7 +587,7 @@ def _torchrun_summary(ln: _Line, st: _State) -> None:
         return
     f = _TR_FIELD.match(body)
     if f:
-        st.torchrun["fields"][f.group(1)] = f.group(2)
+        st.torchrun["fields"][f.group(1)] = f.group(2).rstrip()
         if f.group(1) == "exitcode":
             st.torchrun["quote"] = ln
         return
@@ -591,8 +599,8 @@ def _close_torchrun(st: _State) -> None:
     if not t or not t["fields"]:
         return
     f = t["fields"]
-    rank_m = re.match(r"(-?\d+)(?: \(local_rank: (\d+)\))?", f.get("rank", ""))
-    exit_m = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", f.get("exitcode", ""))
+    rank_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(local_rank: (\d{1,9})\))?", f.get("rank", ""))
+    exit_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(pid: (\d{1,10})\))?", f.get("exitcode", ""))
     sig = _SIGNAL_NAME.search(f.get("exitcode", "")) or _SIGNAL_NAME.search(f.get("traceback", ""))
     rank = int(rank_m.group(1)) if rank_m else None
     _add(
@@ -639,7 +647,10 @@ def _oom(ln: _Line, st: _State) -> None:
     if not m or not _once(st, "oom", _rank_of(ln, st), ln.msg):
         return
     gpu = _OOM_GPU.search(ln.msg)
-    total = _OOM_TOTAL.search(ln.msg) or _OOM_TOTAL_OLD.search(ln.msg)
+    total = _OOM_TOTAL.search(ln.msg)
+    old = None if total else _OOM_TOTAL_OLD.search(ln.msg)
+    free = _OOM_FREE_OLD.search(ln.msg, old.end()) if old else None
+    sizes = total.groups() if total else (old.group(1), free.group(1)) if free else (None, None)
     _add(
         st,
         "cuda_oom",
@@ -647,8 +658,8 @@ def _oom(ln: _Line, st: _State) -> None:
         tried_to_allocate=m.group(1),
         tried_to_allocate_bytes=_bytes(m.group(1)),
         gpu=int(gpu.group(1)) if gpu else None,
-        total_capacity=total.group(1) if total else None,
-        free=total.group(2) if total else None,
+        total_capacity=sizes[0],
+        free=sizes[1],
     )
 
 
