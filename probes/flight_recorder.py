@@ -324,7 +324,8 @@ def render_entry(e: dict) -> str:
     if dtypes:
         parts.append(",".join(dtypes))
     duration = e.get("duration_ms")
-    if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+    # An int past float's range (a corrupt dump) cannot be shown as a duration: left out, like a missing one.
+    if isinstance(duration, (int, float)) and not isinstance(duration, bool) and abs(duration) < 1e300:
         parts.append(f"dur={duration:.3f}ms")
     return " ".join(parts)
 

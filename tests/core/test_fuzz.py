@@ -679,3 +679,24 @@ def test_flight_recorder_fields_of_the_wrong_type_lose_only_themselves(case):
         assert len(ev.collectives) == sum(isinstance(e, dict) for e in entries), ev.gaps
         assert not any("only partly read" in g.message for g in ev.gaps), ev.gaps
     read_and_diagnose(data, name)  # and the playbooks take whatever the records hold
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**400, -(10**400), float("inf"), float("nan"), 2**64],
+    ids=["1e400", "-1e400", "inf", "nan", "2^64"],
+)
+def test_flight_recorder_numbers_past_any_range_in_every_field_lose_only_themselves(value):
+    """Found by the fuzzer above in CI: a `duration_ms` of 10**400 was formatted as a float (OverflowError) and
+    the whole dump was lost. Every field of every entry, one at a time, in pickle (JSON has no 10**400)."""
+    for name, data in FR_DUMPS:
+        dump = pickle.loads(data) if data[:1] == b"\x80" else json.loads(data)
+        entries = dump.get("entries") if isinstance(dump, dict) else None
+        if not isinstance(entries, list) or not entries or not isinstance(entries[0], dict):
+            continue
+        for field in sorted(entries[0]) + ["duration_ms"]:
+            mutated = pickle.loads(pickle.dumps(dump))
+            mutated["entries"][0][field] = value
+            ev = parse("flight_recorder", pickle.dumps(mutated, protocol=2), name)
+            assert len(ev.collectives) == len(entries), (name, field, ev.gaps)
+            assert not any("only partly read" in g.message for g in ev.gaps), (name, field, ev.gaps)
