@@ -40,6 +40,8 @@ from hangdx.probes.text import lines, looks_binary
 from hangdx.probes.xid import describe, likely_cause, normalize_bus_id
 
 KIND = "kernel_log"
+# A log with nothing of note in it is the usual case, not a file cut short: no gap for it.
+QUIET_WHEN_EMPTY = True
 
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"

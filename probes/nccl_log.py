@@ -21,6 +21,8 @@ from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary, strip_rank_prefix
 
 KIND = "nccl_log"
+# A log with nothing of note in it is the usual case, not a file cut short: no gap for it.
+QUIET_WHEN_EMPTY = True
 
 _LINE = re.compile(
     r"(?<![\w.\-])(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "

@@ -81,7 +81,9 @@ def parse_artifact(
             src.name, f"could not parse as {mod.KIND}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
         )
         return None
-    if _size(ev) == before and not quiet:  # a file cut short, say: named, never silently dropped
+    # A structured artifact that yields nothing was cut short, say: named, never silently dropped. A log with
+    # nothing of note (a clean kernel log) is normal and says so by yielding nothing.
+    if _size(ev) == before and not quiet and not getattr(mod, "QUIET_WHEN_EMPTY", False):
         ev.gap(src.name, f"read as {mod.KIND}, but nothing in its {len(data)} bytes is evidence hangdx uses")
     ev.note_host(src.host)
     return mod.KIND

@@ -22,6 +22,8 @@ from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary, strip_rank_prefix
 
 KIND = "torch_log"
+# A log with nothing of note in it is the usual case, not a file cut short: no gap for it.
+QUIET_WHEN_EMPTY = True
 
 # c10 / glog headers: "[E1122 01:48:50.682679688 ProcessGroupGloo.cpp:2901] ", "[E ProcessGroupNCCL.cpp:458] ",
 # and torchrun's "E1122 01:48:41.280000 8238 site-packages/torch/.../api.py:1002] ".
