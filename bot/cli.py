@@ -145,9 +145,9 @@ def _print(verdict, as_json: bool, verbose: bool = False) -> None:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from hangdx.playbooks import engine
-    from hangdx.probes.bundle import InputError, evidence_from_paths, read_stream
+    from hangdx.probes.bundle import InputError, evidence_from_paths
 
-    stdin = read_stream(sys.stdin.buffer) if "-" in args.paths else None
+    stdin = sys.stdin.buffer if "-" in args.paths else None
     try:
         ev = evidence_from_paths(args.paths, stdin=stdin)
     except InputError as e:

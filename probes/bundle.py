@@ -7,6 +7,7 @@ collector brought them, so that `hangdx analyze DIR` reads exactly what the live
 from __future__ import annotations
 
 import collections
+import io
 import json
 import os
 import re
@@ -15,10 +16,11 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from hangdx.probes import reader
 from hangdx.probes.model import Evidence, HostProblem, Source
 from hangdx.probes.naming import host_from_path, rank_from_name
 from hangdx.probes.registry import parse_artifact
-from hangdx.probes.text import MAX_TEXT_BYTES, looks_binary
+from hangdx.probes.text import MAX_TEXT_BYTES
 
 MANIFEST = "manifest.json"
 # A dump (a pickle, or a JSON object) is read from its start, up to MAX_FILE_BYTES; any other file only its
@@ -196,12 +198,13 @@ def read_stream(stream: BinaryIO) -> bytes:
     return data if dump else data[-(MAX_TEXT_BYTES + 1) :]
 
 
-def evidence_from_paths(paths: list[str], stdin: bytes | None = None) -> Evidence:
+def evidence_from_paths(paths: list[str], stdin: BinaryIO | bytes | None = None) -> Evidence:
     """Parse files, folders and bundles (and `-` for standard input) into Evidence."""
     ev = Evidence()
     for p in paths:
         if p == "-":
-            parse_artifact(stdin or b"", Source("<stdin>"), ev)
+            stream = io.BytesIO(stdin) if isinstance(stdin, bytes) or stdin is None else stdin
+            reader.read_any(stream, Source("<stdin>"), ev, limit=reader.STDIN_MAX)
             continue
         path = Path(p)
         if not path.exists():
@@ -226,17 +229,32 @@ def evidence_from_paths(paths: list[str], stdin: bytes | None = None) -> Evidenc
                     read = _read_errors if f.name == "errors.json" else _read_problem
                     read(_read(f, bundle_root)[0], f.parent.name, ev)
                     continue
-                data, size = _read(f, bundle_root)
+                fh = _open(f, bundle_root)
             except _Skip as e:
                 ev.gap(rel, str(e))
                 continue
-            host = host_from_path(rel)
-            src = Source(rel, host=host, rank=rank_from_name(f.name))
-            if data and looks_binary(data[:8192]) and not data.startswith(b"\x80"):
-                ev.gap(rel, f"binary file of {size} bytes, not an artifact hangdx reads: skipped")
-                continue
-            parse_artifact(data, src, ev)
+            with fh:
+                src = Source(rel, host=host_from_path(rel), rank=rank_from_name(f.name))
+                try:
+                    reader.read_any(fh, src, ev)
+                except OSError as e:
+                    ev.gap(rel, f"unreadable: {e.strerror or e}")
     return ev
+
+
+def _open(f: Path, bundle_root: Path | None = None) -> BinaryIO:
+    """A regular file opened for reading (in a bundle, only one of its own): never a FIFO, device or link out."""
+    if bundle_root is not None:
+        real, root = os.path.realpath(f), os.path.realpath(bundle_root)
+        if os.path.commonpath([real, root]) != root:
+            raise _Skip(f"a link out of the bundle (to {real}): not read")
+    try:
+        mode = os.stat(f).st_mode
+        if not stat.S_ISREG(mode):  # checked before opening: opening a FIFO with no writer blocks
+            raise _Skip(f"not a regular file ({_NOT_REGULAR.get(stat.S_IFMT(mode), 'special')}): not read")
+        return open(os.open(f, os.O_RDONLY | os.O_NONBLOCK), "rb")
+    except OSError as e:
+        raise _Skip(f"unreadable: {e.strerror or e}") from None
 
 
 def _json(data: bytes) -> object:

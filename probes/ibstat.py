@@ -71,6 +71,11 @@ def sniff(head: bytes) -> int:
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if looks_binary(data[:8192]):
         return
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
+def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py)."""
     ca: str | None = None
     port: IbPort | None = None
     quotes: dict[str, Quote] = {}
@@ -84,7 +89,7 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
         port = None
         quotes.clear()
 
-    for no, raw in enumerate(lines(data), 1):
+    for no, raw in numbered:
         q = Quote(src.name, no, raw)
         if m := _CA.match(raw):
             close()
@@ -133,3 +138,12 @@ def _ibstatus_field(port: IbPort, key: str, value: str, q: Quote, quotes: dict[s
         port.rate = m.group(1) if m else (value or None)
     else:
         port.link_layer = value or None
+
+
+def claims(line: str) -> int:
+    """How surely one line is ibstat's or ibstatus's (see probes/reader.py)."""
+    if line.startswith("Infiniband device '"):
+        return 10
+    if line.startswith("CA '") and line.rstrip().endswith("'"):
+        return 9
+    return 0

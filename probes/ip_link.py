@@ -43,7 +43,12 @@ def sniff(head: bytes) -> int:
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if looks_binary(data[:8192]):
         return
-    for no, raw in enumerate(lines(data), 1):
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
+def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py)."""
+    for no, raw in numbered:
         m = _HEADER.match(raw)
         if not m:
             continue
@@ -57,3 +62,8 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
         ev.links.append(
             NetLink(host=src.host, ifname=ifname, mtu=mtu, state=state, quote=Quote(src.name, no, raw))
         )
+
+
+def claims(line: str) -> int:
+    """How surely one line is `ip link` / `ip addr` output (see probes/reader.py)."""
+    return 8 if ": <" in line and _HEADER.match(line) else 0

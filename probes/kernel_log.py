@@ -193,8 +193,13 @@ def sniff(head: bytes) -> int:
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if looks_binary(data[:8192]):
         return
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
+def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py)."""
     state = _State(src, ev)
-    for no, raw in enumerate(lines(data), 1):
+    for no, raw in numbered:
         if not raw.strip():
             continue
         state.line(no, raw)
@@ -527,3 +532,13 @@ def _oom_sizes(tail: str) -> dict[str, Any]:
         if m:
             out[name] = int(m.group(1))
     return out
+
+
+def claims(line: str) -> int:
+    """How surely one line is the kernel log's (see probes/reader.py)."""
+    if "NVRM: Xid" in line:
+        return 9
+    s = _stamped(line)
+    if s == 2:
+        return 8
+    return 4 if s == 1 else 0

@@ -201,6 +201,24 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
     torch_log.parse_torch_lines(other, src, ev)
 
 
+def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py): NCCL lines as NCCL, the rest as PyTorch/torchrun."""
+    from hangdx.probes import torch_log
+
+    nccl, other = split_numbered(lines)
+    parse_nccl_lines(nccl, src, ev, file_version=version_of(other))
+    torch_log.parse_torch_lines(other, src, ev)
+
+
+def claims(line: str) -> int:
+    """How surely one line is NCCL's own (see probes/reader.py)."""
+    if "NCCL " in line and match_line(line):
+        return 8
+    if line.startswith("NCCL version ") and _VERSION.match(line):
+        return 6
+    return 0
+
+
 def version_of(other: list[tuple[int, str]]) -> tuple[int, int, int] | None:
     """The NCCL version from a bare `NCCL version 2.27.3+cuda12.9` line (NCCL_DEBUG=VERSION/WARN print it so)."""
     for _, ln in other:
@@ -212,9 +230,14 @@ def version_of(other: list[tuple[int, str]]) -> tuple[int, int, int] | None:
 
 def split_lines(all_lines: list[str]) -> tuple[list[NcclLine], list[tuple[int, str]]]:
     """NCCL lines (parsed) and the rest (1-based line number, text)."""
+    return split_numbered(list(enumerate(all_lines, 1)))
+
+
+def split_numbered(numbered: list[tuple[int, str]]) -> tuple[list[NcclLine], list[tuple[int, str]]]:
+    """NCCL lines (parsed) and the rest, of (line number, text) pairs."""
     nccl: list[NcclLine] = []
     other: list[tuple[int, str]] = []
-    for i, ln in enumerate(all_lines, 1):
+    for i, ln in numbered:
         nl = match_line(ln) if "NCCL " in ln else None
         if nl:
             nl.lineno = i

@@ -370,10 +370,31 @@ def _match(gpus: list[GpuState], same_file: list[GpuState], app: dict[str, Any])
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if looks_binary(data[:8192]):
         return
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
+def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py)."""
     p = _Parser(src, ev)
-    for no, raw in enumerate(lines(data), 1):
+    for no, raw in numbered:
         try:
             p.line(no, raw)
         except ValueError:  # a mangled line (a number of 5000 digits, say) is skipped, never fatal
             continue
     p.finish()
+
+
+def claims(line: str) -> int:
+    """How surely one line is nvidia-smi's (see probes/reader.py)."""
+    s = line.strip()
+    if not s:
+        return 0
+    if "NVIDIA-SMI" in s and _HEADER.search(s):
+        return 10
+    if s.startswith("|") and _is_table_row1(s):
+        return 8
+    if s.startswith("+-") and s.endswith("+") and set(s) <= {"+", "-", "=", "|", " "}:
+        return 6
+    if ("," in s and _csv_header(s)) or _FAILED.search(s) or _LOST.search(s):
+        return 8
+    return 0

@@ -63,6 +63,11 @@ def sniff(head: bytes) -> int:
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if looks_binary(data[:8192]):
         return
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
+def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py)."""
     marker: dict[str, str] = {}
     marker_time: float | None = None
     block: IbPort | None = None
@@ -80,7 +85,7 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
         ev.ib_ports.append(p)
         return p
 
-    for no, raw in enumerate(lines(data), 1):
+    for no, raw in numbered:
         line = raw.strip()
         if not line:
             continue
@@ -104,3 +109,14 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
                 block.counters[name] = int(value, 16) if value.startswith("0x") else int(value)  # "007" too
         elif _FAILURE.match(line):
             ev.gap(src.name, line)
+
+
+def claims(line: str) -> int:
+    """How surely one line is perfquery's (see probes/reader.py)."""
+    if line.startswith("# Port ") and "counters: Lid" in line:
+        return 10
+    if line.startswith(("# hangdx sample", "perfquery: iberror: ")):
+        return 9
+    if "..." in line and _COUNTER.match(line):
+        return 6
+    return 0

@@ -66,7 +66,25 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
         if doc is None and '"frames"' in text[:16384]:
             ev.gap(src.name, f"py-spy --json output that is not valid JSON (cut short?): {why}")
             return
-    _parse_text(text, src, ev)
+    _parse_text(list(enumerate(text.splitlines(), 1)), src, ev)
+
+
+def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py): py-spy's text form."""
+    _parse_text(lines, src, ev)
+
+
+def claims(line: str) -> int:
+    """How surely one line is py-spy's own (see probes/reader.py)."""
+    if line.startswith("Thread ") and _THREAD.match(line):
+        return 9
+    if line.startswith("Process ") and _PROCESS.match(line) and (" " in line[8:] or "/" in line):
+        return 7
+    if line.startswith("# hangdx stack-sample"):
+        return 10
+    if line.startswith("Python v") and _PYTHON.match(line):
+        return 6
+    return 0
 
 
 def _marker_fields(line: str) -> dict[str, str]:
@@ -88,7 +106,7 @@ def _float(value: str | None) -> float | None:
         return None
 
 
-def _parse_text(text: str, src: Source, ev: Evidence) -> None:
+def _parse_text(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
     dump: StackDump | None = None
     thread: ThreadStack | None = None
     meta: dict[str, str] = {}
@@ -108,7 +126,7 @@ def _parse_text(text: str, src: Source, ev: Evidence) -> None:
         ev.stacks.append(d)
         return d
 
-    for no, line in enumerate(text.splitlines(), 1):
+    for no, line in numbered:
         if line.startswith("# hangdx stack-sample"):
             meta = _marker_fields(line)
             dump, thread = None, None

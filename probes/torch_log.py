@@ -86,6 +86,11 @@ _UNITS.update({"GB": 10**9, "TB": 10**12})
 # native frame prints "(ProcessGroupNCCL.cpp:1234)", which must not count).
 _PG_HEADER = re.compile(r"ProcessGroup\w{1,40}\.cpp:\d+\]")  # bounded: linear on a long word
 
+# c10's `[E1122 01:48:50.682679688 File.cpp:123] ` and torchrun's `E1122 01:48:41.280000 8238 x/api.py:1002] `.
+_C10_HEADER = re.compile(r"\[?[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+(?: \d+)? ?[^\s\]]+:\d+\] ")
+# The last line of a Python traceback: `torch.OutOfMemoryError: ...`, `RuntimeError: NCCL error ...`.
+_EXC_HINT = re.compile(r"(?:Error|Exception|Interrupt|Exit)$")
+
 # Lines only PyTorch or torchrun print; each counts ten towards the sniff weight.
 _TELLTALES = (
     "Watchdog caught collective operation timeout",
@@ -155,6 +160,24 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if nccl:
         nccl_log.parse_nccl_lines(nccl, src, ev, file_version=nccl_log.version_of(other))
     parse_torch_lines(other, src, ev)
+
+
+def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py); the same reading as nccl_log.parse_lines."""
+    nccl_log.parse_lines(lines, src, ev)
+
+
+def claims(line: str) -> int:
+    """How surely one line is PyTorch's or torchrun's own (see probes/reader.py)."""
+    if "Traceback (most recent call last)" in line:
+        return 7
+    if any(t in line for t in _TELLTALES) or _PG_HEADER.search(line):
+        return 8
+    if _C10_HEADER.match(line):
+        return 6
+    if _EXC_LINE.match(line) and _EXC_HINT.search(line.split(":", 1)[0]):
+        return 5
+    return 0
 
 
 def _ranks(text: str) -> list[int]:

@@ -1,0 +1,169 @@
+"""Turning what people paste into clean lines: prefixes, colour codes, progress bars, fences and wraps.
+
+A line of real evidence rarely arrives as the tool printed it. A launcher put `[rank3]:` (torchrun),
+`3: ` (srun --label), `node17: ` (pdsh, clush), `[pod/NAME/CONTAINER] ` (kubectl logs --prefix),
+`(RayTrainWorker pid=615, ip=10.0.0.3) ` (Ray) or a `grep -H` file name before it; a terminal left ANSI
+colours and carriage-return progress bars in it; a chat window wrapped it; a bug report put it inside a
+markdown fence or a `> ` quote and cut the boring part with `...`. `Normaliser.line()` takes all of that off
+and says what the prefixes named (the rank, the host, the file), so that each line is read as the tool
+printed it and attributed to the process that printed it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hangdx.probes.naming import host_from_path, rank_from_name
+
+# CSI (colours, cursor moves), OSC (titles, links) and two-character escapes; bounded, so linear.
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_TORCHRUN = re.compile(r"\[(?:default)?rank(\d{1,9})\]:\s?")
+_SRUN = re.compile(r"\s{0,6}(\d{1,6}): ")
+_RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
+_POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
+_RAY = re.compile(r"\(\w{1,64} pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ")
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
+_GUTTER = re.compile(r"\[(\d{1,9})\] ")
+_HOST = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,62}): ")
+_GREP_H = re.compile(
+    r"((?:[\w.\-]{1,128}/){0,16}[\w.\-]{1,128}\.(?:log|txt|out|err|stderr|stdout|trace))(?::(\d{1,9}))?[:\-]"
+)
+# `ip link` rows (`2: eth0: <BROADCAST,...>`) look like srun's `2: ` label; they are not one.
+_IP_LINK_ROW = re.compile(r"\d{1,6}: [\w@.\-]{1,40}: <")
+# A host label is a node name (`gpu-node-03`, `node17`, `ip-10-0-0-1.ec2.internal`), not a word that ends a
+# Python exception or a logging level.
+_NOT_HOST = re.compile(
+    r"(?:Error|Exception|Warning|Interrupt|Exit|Iteration|Traceback|Note|Hint)$|^(?:kernel|localhost6?)$|torch"
+)
+_FENCE = re.compile(r"\s{0,8}(?:```|~~~)")
+_ELISION = re.compile(
+    r"\s*(?:\.{2,}|…+|\[\s*(?:\.{3}|…|snip\w*)\s*\]|\(\s*(?:\.{3}|…|snip\w*)\s*\)|<\s*(?:\.{3}|snip\w*)\s*>"
+    r"|(?:\.{3}|…) ?\(?\d{0,9} ?(?:more )?lines?(?: \w+){0,3}\)?)\s*"
+)
+# The end of a tqdm / Lightning bar (`12/100 [00:03<00:24,  3.61it/s, loss=2.6]`), when more text follows it on
+# the same line (the bar had no newline of its own and the next message was printed after it).
+_BAR_END = re.compile(r"\d+/\d+ \[[0-9:<>?]{1,32}(?:, {1,3}[0-9.?]{1,12} ?(?:it/s|s/it))?[^\]\n]{0,240}\]")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One clean line, with what its prefixes said about who printed it."""
+
+    no: int  # 1-based line number in the input
+    text: str
+    rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    label: str | None = None  # a `grep -H` file name or a pod, when one was given
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+def overwritten(text: str) -> str:
+    """What a terminal shows of a line rewritten with carriage returns: its last non-empty segment."""
+    if "\r" not in text:
+        return text
+    for seg in reversed(text.split("\r")):
+        if seg.strip():
+            return seg
+    return ""
+
+
+def is_host_label(label: str) -> bool:
+    if _NOT_HOST.search(label) or label.isupper() or label.isdigit():
+        return False
+    return any(c.isdigit() for c in label) or "-" in label or label in ("localhost",)
+
+
+class Normaliser:
+    """Cleans lines one at a time; keeps the little state a paste needs (a line-number gutter, fences)."""
+
+    def __init__(self) -> None:
+        self._gutter: int | None = None  # the last line number of a `[1743] ` gutter, when the text has one
+
+    def line(self, no: int, raw: str) -> list[Line]:
+        """The clean line(s) of one raw line: none for fences and elisions, two where a bar hid a message."""
+        text = overwritten(strip_ansi(raw))
+        rank = host = pid = label = None
+        for _ in range(6):  # prefixes nest (`node3: [rank12]: ...`); each is taken off once
+            stripped = text.lstrip(" ") if text.startswith(" ") and text.lstrip(" ")[:1] in "[(" else text
+            m = _TORCHRUN.match(stripped)
+            if m:
+                rank, text = int(m.group(1)), stripped[m.end() :]
+                continue
+            m = _POD.match(text)
+            if m:
+                host, label, text = host or m.group(1), label or m.group(1), text[m.end() :]
+                continue
+            m = _RAY.match(text)
+            if m:
+                pid, host, text = int(m.group(1)), host or m.group(2), text[m.end() :]
+                continue
+            m = _RFC3339.match(text)
+            if m:
+                text = text[m.end() :]
+                continue
+            m = _GUTTER.match(text)
+            if m and self._is_gutter(int(m.group(1)), text[m.end() :]):
+                text = text[m.end() :]
+                continue
+            m = _GREP_H.match(text)
+            if m:
+                label = label or m.group(1)
+                rank = rank if rank is not None else rank_from_name(m.group(1))
+                host = host or host_from_path(m.group(1))
+                text = text[m.end() :]
+                continue
+            m = _SRUN.match(text)
+            if m and not _IP_LINK_ROW.match(text.lstrip()):
+                rank, text = int(m.group(1)), text[m.end() :]
+                continue
+            m = _RANK_WORD.match(text)
+            if m:
+                rank, text = int(m.group(1)), text[m.end() :]
+                continue
+            m = _HOST.match(text)
+            if m and host is None and is_host_label(m.group(1)) and not _IP_LINK_ROW.match(text):
+                host, text = m.group(1), text[m.end() :]
+                continue
+            break
+        if text.startswith(">") and (len(text) == 1 or text[1] == " "):
+            text = text[2:]  # a markdown quote
+        if _FENCE.match(text) or _ELISION.fullmatch(text):
+            return []
+        out = []
+        m = _BAR_END.search(text) if "/" in text and "[" in text else None
+        if m and text[m.end() :].strip():
+            out.append(Line(no, text[: m.end()], rank, host, pid, label))
+            rest = self.line(no, text[m.end() :])
+            return out + [
+                Line(
+                    r.no, r.text, r.rank if r.rank is not None else rank, r.host or host, r.pid or pid, label
+                )
+                for r in rest
+            ]
+        return [Line(no, text.rstrip(), rank, host, pid, label)]
+
+    def _is_gutter(self, n: int, rest: str) -> bool:
+        """`[1743] text`: a log viewer's line numbers, told apart from `[3] Timeout at collective` by counting up."""
+        if self._gutter is not None and 0 < n - self._gutter <= 50:
+            self._gutter = n
+            return True
+        if self._gutter is None and n >= 10 and not rest.startswith(("Timeout at", "joined", "finished")):
+            self._gutter = n
+            return True
+        return False
+
+
+# A message a chat window or terminal wrapped: its opening parenthesis is closed only on a later line.
+_WRAPPED_HEADS = ("WorkNCCL(", "CollectiveFingerPrint(", "WorkGloo(")
+
+
+def joins_next(text: str) -> bool:
+    """True when a line was cut by a wrap and continues on the next one."""
+    if len(text) > 4096:
+        return False
+    return any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")")

@@ -1,0 +1,449 @@
+"""The one reader of text evidence: any size, any mix of kinds, streamed once front to back.
+
+A text arrives as a file, standard input, a Slack message or an upload, of a few lines or of gigabytes. It is
+read in chunks, never whole (`Keeper`): its head (versions, communicator set-up), every line that can name a
+fault (warnings, errors, tracebacks, watchdog and Xid lines, with the lines after them) and its tail are kept;
+of the lines that repeat by the million (NCCL's per-collective `opCount` lines) only the last few of each
+process, found with byte searches so that Python never touches the others. The kept lines are then cleaned
+(`normalise.Normaliser`: prefixes, colours, bars, fences), split by the rank or host a prefix named, cut into
+regions by the kind of line they hold, and each region goes to the parser of its kind (`ReadReport` says what
+was read as what, and what was skipped).
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import BinaryIO
+
+from hangdx.probes import registry
+from hangdx.probes.model import Evidence, Source
+from hangdx.probes.normalise import Line, Normaliser, joins_next
+
+CHUNK_BYTES = 4 << 20
+HEAD_LINES = 4000  # the start of a log: versions, communicator set-up, the rank map
+TAIL_LINES = 20000  # its end: where the hang is
+CONTEXT_LINES = 40  # kept after a line that names a fault: a traceback's frames, a desync report
+MIDDLE_MAX = 100_000  # fault lines kept from the middle; past that they are counted, not kept
+COLL_PER_PROCESS = 6  # collective lines kept per process and communicator
+MAX_LINE_BYTES = 64 * 1024  # a longer line is cut (a binary blob, a minified JSON)
+
+# Lines that can name a fault anywhere in a log (matched on bytes, case-insensitive words).
+_FAULT = re.compile(
+    rb"(?i:error|warn|exception|traceback|timeout|timed out|watchdog|xid|fail|fatal|abort|killed|signal"
+    rb"|segmentation|core dumped|out of memory|oom|hung|blocked for|not responding|mismatch|desync|lagging"
+    rb"|exitcode|exit code|init complete|nccl version|using network|ncclcomminit|rendezvous|refused"
+    rb"|reset by peer|broken pipe|unreachable|link (?:is )?down|nvrm|ecc|retired|remapp|terminat)"
+)
+_COLL = b" opCount "
+_NCCL_PROC = re.compile(rb"([A-Za-z0-9][\w.\-]{0,253}):(\d{1,10}):\d{1,10} \[-?\d{1,6}\]")
+_COMM = re.compile(rb" comm (0x[0-9a-fA-F]{1,16}|\(nil\))")
+
+
+@dataclass
+class Region:
+    """A run of lines of one kind from one source, and what read it."""
+
+    source: str
+    kind: str | None  # None: no parser claimed these lines
+    first: int
+    last: int
+    lines: int
+
+
+@dataclass
+class ReadReport:
+    """What the reader did with one input: the regions it read, the lines it skipped or left out."""
+
+    name: str
+    total_lines: int = 0
+    total_bytes: int = 0
+    regions: list[Region] = field(default_factory=list)
+    collectives_seen: int = 0  # NCCL collective lines in the whole input (most of them not kept)
+    dropped_lines: int = 0  # lines of the middle of a huge input left out (neither head, tail nor fault)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted({r.kind for r in self.regions if r.kind})
+
+    @property
+    def skipped(self) -> list[Region]:
+        return [r for r in self.regions if r.kind is None]
+
+
+class Keeper:
+    """Reads a text in chunks and keeps, in bounded memory, the lines a verdict can need."""
+
+    def __init__(self) -> None:
+        self.lineno = 0  # lines fully read so far
+        self.bytes = 0
+        self.head: list[tuple[int, bytes]] = []
+        self.middle: list[tuple[int, bytes]] = []
+        self.tail: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=TAIL_LINES)
+        self.context = 0  # lines still to keep after a fault line
+        self.dropped = 0
+        self.collectives = 0
+        self.procs: set[bytes] = set()  # NCCL `host:pid:` prefixes seen
+        self.coll: dict[tuple[bytes, bytes], collections.deque[tuple[int, bytes]]] = {}
+        self._rest = b""
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            return
+        self.bytes += len(data)
+        data = self._rest + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._rest = data if len(data) <= MAX_LINE_BYTES else data[:MAX_LINE_BYTES]
+            return
+        self._rest = data[cut + 1 :]
+        if len(self._rest) > MAX_LINE_BYTES:  # a line with no end in sight: keep its start only
+            self._rest = self._rest[:MAX_LINE_BYTES]
+        self._chunk(data[: cut + 1])
+
+    def close(self) -> list[tuple[int, bytes]]:
+        if self._rest:
+            self._chunk(self._rest + b"\n")
+            self._rest = b""
+        kept: dict[int, bytes] = {}
+        for no, ln in self.head:
+            kept[no] = ln
+        for no, ln in self.middle:
+            kept[no] = ln
+        for no, ln in self.tail:
+            kept[no] = ln
+        for dq in self.coll.values():
+            for no, ln in dq:
+                kept[no] = ln
+        return sorted(kept.items())
+
+    # -- per chunk ---------------------------------------------------------------------------------------
+
+    def _chunk(self, chunk: bytes) -> None:
+        """A run of whole lines (ends with a newline)."""
+        n = chunk.count(b"\n")
+        base = self.lineno
+        if len(self.head) < HEAD_LINES or n < 256:
+            self._lines(chunk.split(b"\n")[:-1], base)
+            self.lineno = base + n
+            return
+        coll = chunk.count(_COLL) if _COLL in chunk else 0
+        if coll == n and b"\r" not in chunk and b"\x1b" not in chunk:
+            # Nothing but collective lines: only each process's last ones can matter.
+            self.collectives += coll
+            self._coll_tails(chunk, base, n, whole=True)
+            self.lineno = base + n
+            return
+        parts = chunk.split(b"\n")[:-1]
+        if coll > n // 2:
+            self.collectives += coll
+            self._coll_tails(chunk, base, n, whole=False)
+            others = [(i, ln) for i, ln in enumerate(parts) if _COLL not in ln]
+            for i, ln in others:
+                self._keep(base + i + 1, ln)
+        else:
+            self._lines(parts, base)
+        self.lineno = base + n
+
+    def _lines(self, parts: list[bytes], base: int) -> None:
+        for i, ln in enumerate(parts):
+            no = base + i + 1
+            if _COLL in ln:
+                self.collectives += 1
+                self._coll_line(no, ln)
+                if len(self.head) >= HEAD_LINES:
+                    continue
+            self._keep(no, ln)
+
+    def _keep(self, no: int, ln: bytes) -> None:
+        if len(ln) > MAX_LINE_BYTES:
+            ln = ln[:MAX_LINE_BYTES]
+        if len(self.head) < HEAD_LINES:
+            self.head.append((no, ln))
+            self._note_proc(ln)
+            return
+        if _FAULT.search(ln):
+            self.context = CONTEXT_LINES
+            self._middle(no, ln)
+            self._note_proc(ln)
+        elif self.context > 0:
+            self.context -= 1
+            self._middle(no, ln)
+        else:
+            if len(self.tail) == self.tail.maxlen:
+                self.dropped += 1
+            self.tail.append((no, ln))
+
+    def _middle(self, no: int, ln: bytes) -> None:
+        if len(self.middle) < MIDDLE_MAX:
+            self.middle.append((no, ln))
+        else:
+            self.dropped += 1
+
+    def _note_proc(self, ln: bytes) -> None:
+        if b"NCCL" in ln:
+            m = _NCCL_PROC.search(ln)
+            if m:
+                self.procs.add(m.group(1) + b":" + m.group(2) + b":")
+
+    def _coll_line(self, no: int, ln: bytes) -> bytes | None:
+        """Keep a collective line among its process's and communicator's last ones; its process key."""
+        m = _NCCL_PROC.search(ln)
+        if not m:
+            return None
+        proc = m.group(1) + b":" + m.group(2) + b":"
+        self.procs.add(proc)
+        c = _COMM.search(ln, m.end())
+        key = (proc, c.group(1) if c else b"")
+        dq = self.coll.get(key)
+        if dq is None:
+            dq = self.coll[key] = collections.deque(maxlen=COLL_PER_PROCESS)
+        if not dq or dq[-1][0] < no:
+            dq.append((no, ln[:MAX_LINE_BYTES]))
+        return proc
+
+    def _coll_tails(self, chunk: bytes, base: int, n: int, whole: bool) -> None:
+        """The last collective lines of each process in a chunk, by searching backwards from its end."""
+        budget = COLL_PER_PROCESS * max(len(self.procs), 8) + 64
+        end = len(chunk) - 1  # the chunk's final newline
+        seen: collections.Counter[bytes] = collections.Counter()
+        lines_back = 0
+        walked: list[tuple[int, bytes]] = []
+        while budget > 0 and end > 0:
+            start = chunk.rfind(b"\n", 0, end) + 1
+            lines_back += 1
+            ln = chunk[start:end]
+            if _COLL in ln:
+                walked.append((base + n - lines_back + 1, ln))
+            end = start - 1
+            budget -= 1
+        for no, ln in reversed(walked):
+            proc = self._coll_line(no, ln)
+            if proc:
+                seen[proc] += 1
+        # A process that stopped early in this chunk is not among its last lines: find its last line directly.
+        for proc in list(self.procs):
+            if seen[proc]:
+                continue
+            end = len(chunk)
+            for _ in range(COLL_PER_PROCESS):
+                at = chunk.rfind(proc, 0, end)
+                if at < 0:
+                    break
+                start = chunk.rfind(b"\n", 0, at) + 1
+                stop = chunk.find(b"\n", at)
+                ln = chunk[start:stop]
+                if _COLL in ln:
+                    no = base + n - chunk.count(b"\n", stop) + 1
+                    self._coll_line(no, ln)
+                elif not whole:
+                    pass  # a non-collective line of it: read with the others
+                end = start
+
+
+def chunks_of(stream: BinaryIO, limit: int | None = None) -> Iterator[bytes]:
+    """A binary stream in CHUNK_BYTES pieces, up to `limit` bytes when one is given."""
+    total = 0
+    while limit is None or total < limit:
+        want = CHUNK_BYTES if limit is None else min(CHUNK_BYTES, limit - total)
+        data = stream.read(want)
+        if not data:
+            return
+        total += len(data)
+        yield data
+
+
+# -- from kept lines to evidence ---------------------------------------------------------------------------
+
+_LOG_FAMILY = {"torch_log": "nccl_log"}  # one parser reads NCCL and PyTorch lines together
+REGION_CLAIM = 5  # a line claimed at least this surely starts (or continues) a region of its kind
+
+
+def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
+    """Kept raw lines to clean ones; wrapped messages joined again."""
+    norm = Normaliser()
+    out: list[Line] = []
+    pending: Line | None = None
+    for no, raw in kept:
+        for ln in norm.line(no, raw.decode("utf-8", errors="replace").replace("\x00", "")):
+            if pending is not None:
+                ln = Line(pending.no, pending.text + " " + ln.text.lstrip(), pending.rank, pending.host,
+                          pending.pid, pending.label)  # fmt: skip
+                pending = None
+            if joins_next(ln.text):
+                pending = ln
+                continue
+            out.append(ln)
+    if pending is not None:
+        out.append(pending)
+    return out
+
+
+def by_source(lines: list[Line]) -> dict[tuple, list[Line]]:
+    """Lines grouped by what their prefixes named, in order of first appearance."""
+    groups: dict[tuple, list[Line]] = {}
+    for ln in lines:
+        groups.setdefault((ln.rank, ln.host, ln.pid, ln.label), []).append(ln)
+    return groups
+
+
+def _claimers() -> list[ModuleType]:
+    return [m for m in registry.parsers() if hasattr(m, "claims") and hasattr(m, "parse_lines")]
+
+
+def kind_of(text: str, mods: list[ModuleType]) -> str | None:
+    best, score = None, 0
+    for m in mods:
+        try:
+            s = int(m.claims(text))
+        except Exception:  # noqa: BLE001 - a claim must never sink the reading
+            s = 0
+        if s > score:
+            best, score = m.KIND, s
+    if score < REGION_CLAIM or best is None:
+        return None
+    return _LOG_FAMILY.get(best, best)
+
+
+def regions(lines: list[Line], mods: list[ModuleType]) -> list[tuple[str | None, list[Line]]]:
+    """Consecutive lines cut where the kind of the claimed lines changes; unclaimed lines join their region."""
+    out: list[tuple[str | None, list[Line]]] = []
+    kind: str | None = None
+    cur: list[Line] = []
+    for ln in lines:
+        k = kind_of(ln.text, mods) if ln.text.strip() else None
+        if k is not None and k != kind:
+            if cur:
+                out.append((kind, cur))
+            kind, cur = k, []
+        cur.append(ln)
+    if cur:
+        out.append((kind, cur))
+    # Lines before the first claimed line belong to the region after them (a paste's first lines).
+    if len(out) >= 2 and out[0][0] is None:
+        out[1] = (out[1][0], out[0][1] + out[1][1])
+        out.pop(0)
+    return out
+
+
+def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
+    """Read a text of any size into ev, streaming; what was read as what is in the report."""
+    keeper = Keeper()
+    for data in chunks:
+        keeper.feed(data)
+    kept = keeper.close()
+    report = ReadReport(
+        src.name,
+        total_lines=keeper.lineno,
+        total_bytes=keeper.bytes,
+        collectives_seen=keeper.collectives,
+        dropped_lines=keeper.dropped,
+    )
+    mods = _claimers()
+    by_kind = {m.KIND: m for m in mods}
+    for (rank, host, pid, _label), glines in by_source(clean(kept)).items():
+        gsrc = Source(
+            src.name,
+            host=host or src.host,
+            rank=rank if rank is not None else src.rank,
+            pid=pid if pid is not None else src.pid,
+        )
+        for kind, rlines in regions(glines, mods):
+            report.regions.append(Region(src.name, kind, rlines[0].no, rlines[-1].no, len(rlines)))
+            if kind is None:
+                continue
+            try:
+                by_kind[kind].parse_lines([(ln.no, ln.text) for ln in rlines], gsrc, ev)
+            except Exception as e:  # noqa: BLE001 - a bad region becomes a gap, never a traceback
+                ev.gap(src.name, f"lines {rlines[0].no}-{rlines[-1].no} could not be read as {kind}: "
+                       f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")  # fmt: skip
+        ev.note_host(gsrc.host)
+    if keeper.dropped:
+        ev.gap(
+            src.name,
+            f"{keeper.dropped:,} of {keeper.lineno:,} lines from the middle of this log were not kept "
+            "(it was read whole; its head, its tail and every line naming a fault were)",
+        )
+    return report
+
+
+# -- any input: a dump read whole, a text streamed ---------------------------------------------------------
+
+STDIN_MAX = 64 << 30  # standard input that never ends (`yes |`) stops here, with a gap saying so
+_DUMP_MAX = 512 * 1024 * 1024  # a pickle or JSON document is read whole, up to this
+
+
+def is_dump(head: bytes) -> bool:
+    """A pickle or a JSON document: parsed whole by its own parser, not read as lines."""
+    return head[:1] == b"\x80" or head.lstrip()[:1] in (b"{", b"[") and _json_like(head)
+
+
+def _json_like(head: bytes) -> bool:
+    s = head.lstrip()
+    if s[:1] == b"{":
+        return True
+    # `[` starts py-spy --json output, and also `[rank0]: ...` and `[2024-...] ...` log lines.
+    return s[:1] == b"[" and s[1:].lstrip()[:1] in (b"{", b"[", b"]")
+
+
+def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = None) -> ReadReport | None:
+    """Read one input of any kind into ev: a dump whole, a text streamed. None when it was not text."""
+    from hangdx.probes.text import looks_binary
+
+    first = stream.read(CHUNK_BYTES)
+    if not first or not first.strip():
+        ev.gap(src.name, "empty file: nothing to read")
+        return None
+    if is_dump(first[:64]):
+        rest = stream.read(_DUMP_MAX - len(first) + 1)
+        registry.parse_artifact(first + rest, src, ev)
+        return None
+    if looks_binary(first[:8192]):
+        size = _file_size(stream)
+        if size is not None:
+            ev.gap(src.name, f"binary file of {size} bytes, not an artifact hangdx reads: skipped")
+        else:
+            ev.gap(src.name, f"not a known artifact (binary content of {len(first)}+ bytes): skipped")
+        return None
+
+    def rest() -> Iterator[bytes]:
+        yield first
+        yield from chunks_of(stream, None if limit is None else max(0, limit - len(first)))
+
+    before = registry._size(ev)
+    report = read_text(rest(), src, ev)
+    kinds = {r.kind for r in report.regions if r.kind}
+    if len(kinds) == 1 and registry._size(ev) == before:
+        mod = next((m for m in registry.parsers() if m.KIND in kinds), None)
+        if mod is not None and not getattr(mod, "QUIET_WHEN_EMPTY", False):
+            ev.gap(
+                src.name,
+                f"read as {mod.KIND}, but nothing in its {report.total_bytes} bytes is evidence hangdx uses",
+            )
+    if limit is not None and report.total_bytes >= limit:
+        ev.gap(
+            src.name, f"read the first {limit:,} bytes of an input that did not end: the rest was not read"
+        )
+    if not any(r.kind for r in report.regions):
+        kinds = ", ".join(sorted({m.KIND for m in registry.parsers()}))
+        ev.gap(
+            src.name,
+            f"not a known artifact (text of {report.total_bytes} bytes): skipped (looked for {kinds})",
+        )
+    return report
+
+
+def _file_size(stream: BinaryIO) -> int | None:
+    """The size of a regular file; None for a pipe, a socket or memory."""
+    import os
+    import stat
+
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
