@@ -221,7 +221,8 @@ def claims(line: str) -> int:
 
 def version_of(other: list[tuple[int, str]]) -> tuple[int, int, int] | None:
     """The NCCL version from a bare `NCCL version 2.27.3+cuda12.9` line (NCCL_DEBUG=VERSION/WARN print it so)."""
-    for _, ln in other:
+    for item in other:
+        ln = item[1]
         m = _VERSION.match(strip_rank_prefix(ln)[1].strip())
         if m:
             return (int(m[1]), int(m[2]), int(m[3]))
@@ -237,13 +238,16 @@ def split_numbered(numbered: list[tuple[int, str]]) -> tuple[list[NcclLine], lis
     """NCCL lines (parsed) and the rest, of (line number, text) pairs."""
     nccl: list[NcclLine] = []
     other: list[tuple[int, str]] = []
-    for i, ln in numbered:
+    for item in numbered:
+        i, ln = item[0], item[1]
         nl = match_line(ln) if "NCCL " in ln else None
         if nl:
             nl.lineno = i
+            if nl.rank_prefix is None and len(item) > 2:  # the reader took the prefix off and kept its rank
+                nl.rank_prefix = item[2]  # type: ignore[misc]
             nccl.append(nl)
         else:
-            other.append((i, ln))
+            other.append(item)
     return nccl, other
 
 

@@ -43,7 +43,9 @@ _ELISION = re.compile(
 )
 # The end of a tqdm / Lightning bar (`12/100 [00:03<00:24,  3.61it/s, loss=2.6]`), when more text follows it on
 # the same line (the bar had no newline of its own and the next message was printed after it).
-_BAR_END = re.compile(r"\d+/\d+ \[[0-9:<>?]{1,32}(?:, {1,3}[0-9.?]{1,12} ?(?:it/s|s/it))?[^\]\n]{0,240}\]")
+_BAR_END = re.compile(
+    r"(?<!\d)\d{1,12}/\d{1,12} \[[0-9:<>?]{1,32}(?:, {1,3}[0-9.?]{1,12} ?(?:it/s|s/it))?[^\]\n]{0,240}\]"
+)
 
 
 @dataclass(frozen=True)

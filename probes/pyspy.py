@@ -24,7 +24,7 @@ import json
 import re
 
 from hangdx.probes.model import Evidence, Frame, Quote, Source, StackDump, ThreadStack
-from hangdx.probes.text import decode
+from hangdx.probes.text import decode, lines
 
 KIND = "pyspy"
 
@@ -66,7 +66,7 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
         if doc is None and '"frames"' in text[:16384]:
             ev.gap(src.name, f"py-spy --json output that is not valid JSON (cut short?): {why}")
             return
-    _parse_text(list(enumerate(text.splitlines(), 1)), src, ev)
+    _parse_text(list(enumerate(lines(data), 1)), src, ev)
 
 
 def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:

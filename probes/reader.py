@@ -40,7 +40,9 @@ _FAULT = re.compile(
     rb"|reset by peer|broken pipe|unreachable|link (?:is )?down|nvrm|ecc|retired|remapp|terminat)"
 )
 _COLL = b" opCount "
-_NCCL_PROC = re.compile(rb"([A-Za-z0-9][\w.\-]{0,253}):(\d{1,10}):\d{1,10} \[-?\d{1,6}\]")
+# NCCL's `host:pid:tid [dev]`: found from its `:pid:tid [` (tried only at colons), then the host before it.
+_NCCL_PID = re.compile(rb"(?<=[\w.\-]):(\d{1,10}):\d{1,10} \[-?\d{1,6}\]")
+_NCCL_HOST = re.compile(rb"[A-Za-z0-9][\w.\-]{0,253}$")
 _COMM = re.compile(rb" comm (0x[0-9a-fA-F]{1,16}|\(nil\))")
 
 
@@ -186,18 +188,18 @@ class Keeper:
 
     def _note_proc(self, ln: bytes) -> None:
         if b"NCCL" in ln:
-            m = _NCCL_PROC.search(ln)
-            if m:
-                self.procs.add(m.group(1) + b":" + m.group(2) + b":")
+            proc = _proc_key(ln)
+            if proc:
+                self.procs.add(proc[0])
 
     def _coll_line(self, no: int, ln: bytes) -> bytes | None:
         """Keep a collective line among its process's and communicator's last ones; its process key."""
-        m = _NCCL_PROC.search(ln)
-        if not m:
+        found = _proc_key(ln)
+        if not found:
             return None
-        proc = m.group(1) + b":" + m.group(2) + b":"
+        proc, end = found
         self.procs.add(proc)
-        c = _COMM.search(ln, m.end())
+        c = _COMM.search(ln, end)
         key = (proc, c.group(1) if c else b"")
         dq = self.coll.get(key)
         if dq is None:
@@ -245,6 +247,17 @@ class Keeper:
                 end = start
 
 
+def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
+    """NCCL's `host:pid:` of a line, and where its prefix ends."""
+    m = _NCCL_PID.search(ln)
+    if not m:
+        return None
+    h = _NCCL_HOST.search(ln, max(0, m.start() - 254), m.start())
+    if not h:
+        return None
+    return h.group(0) + b":" + m.group(1) + b":", m.end()
+
+
 def chunks_of(stream: BinaryIO, limit: int | None = None) -> Iterator[bytes]:
     """A binary stream in CHUNK_BYTES pieces, up to `limit` bytes when one is given."""
     total = 0
@@ -284,15 +297,34 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
 
 
 def by_source(lines: list[Line]) -> dict[tuple, list[Line]]:
-    """Lines grouped by what their prefixes named, in order of first appearance."""
+    """Lines grouped by the host, process or file their prefixes named, in order of first appearance.
+
+    Ranks are not split apart here: the log parser reads interleaved `[rankN]:` lines itself (a traceback per
+    rank, one watchdog report repeated by its `what():`), so a rank travels with its line (see `_region`).
+    """
     groups: dict[tuple, list[Line]] = {}
     for ln in lines:
-        groups.setdefault((ln.rank, ln.host, ln.pid, ln.label), []).append(ln)
+        groups.setdefault((ln.host, ln.pid, ln.label), []).append(ln)
     return groups
+
+
+def _runs_by_rank(lines: list[Line]) -> list[tuple[int | None, list[Line]]]:
+    out: list[tuple[int | None, list[Line]]] = []
+    for ln in lines:
+        if out and out[-1][0] == ln.rank:
+            out[-1][1].append(ln)
+        else:
+            out.append((ln.rank, [ln]))
+    return out
 
 
 def _claimers() -> list[ModuleType]:
     return [m for m in registry.parsers() if hasattr(m, "claims") and hasattr(m, "parse_lines")]
+
+
+def family(kind: str) -> str:
+    """NCCL and PyTorch lines are read by one parser: one family."""
+    return _LOG_FAMILY.get(kind, kind)
 
 
 def kind_of(text: str, mods: list[ModuleType]) -> str | None:
@@ -345,22 +377,19 @@ def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
     )
     mods = _claimers()
     by_kind = {m.KIND: m for m in mods}
-    for (rank, host, pid, _label), glines in by_source(clean(kept)).items():
-        gsrc = Source(
-            src.name,
-            host=host or src.host,
-            rank=rank if rank is not None else src.rank,
-            pid=pid if pid is not None else src.pid,
-        )
-        for kind, rlines in regions(glines, mods):
+    for (host, pid, _label), glines in by_source(clean(kept)).items():
+        gsrc = Source(src.name, host=host or src.host, rank=src.rank, pid=pid if pid is not None else src.pid)
+        cut = regions(glines, mods)
+        if all(
+            k is None for k, _ in cut
+        ):  # no line says its kind alone (a headerless CSV): the whole decides
+            whole = registry.detect("\n".join(ln.text for ln in glines[:2000]).encode())
+            if whole is not None and whole.KIND in by_kind:
+                cut = [(family(whole.KIND), glines)]
+        for kind, rlines in cut:
             report.regions.append(Region(src.name, kind, rlines[0].no, rlines[-1].no, len(rlines)))
-            if kind is None:
-                continue
-            try:
-                by_kind[kind].parse_lines([(ln.no, ln.text) for ln in rlines], gsrc, ev)
-            except Exception as e:  # noqa: BLE001 - a bad region becomes a gap, never a traceback
-                ev.gap(src.name, f"lines {rlines[0].no}-{rlines[-1].no} could not be read as {kind}: "
-                       f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")  # fmt: skip
+            if kind is not None:
+                _region(by_kind[kind], rlines, gsrc, ev)
         ev.note_host(gsrc.host)
     if keeper.dropped:
         ev.gap(
@@ -369,6 +398,21 @@ def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
             "(it was read whole; its head, its tail and every line naming a fault were)",
         )
     return report
+
+
+def _region(mod: ModuleType, lines: list[Line], src: Source, ev: Evidence) -> None:
+    """One region to its parser: log lines carry their own rank (a third item); other kinds get it as Source."""
+    if family(mod.KIND) == "nccl_log":
+        parts = [(src.rank, [(ln.no, ln.text, ln.rank) for ln in lines])]
+    else:
+        parts = [(r, [(ln.no, ln.text) for ln in run]) for r, run in _runs_by_rank(lines)]
+    for rank, numbered in parts:
+        rsrc = Source(src.name, host=src.host, rank=rank if rank is not None else src.rank, pid=src.pid)
+        try:
+            mod.parse_lines(numbered, rsrc, ev)
+        except Exception as e:  # noqa: BLE001 - a bad region becomes a gap, never a traceback
+            ev.gap(src.name, f"lines {numbered[0][0]}-{numbered[-1][0]} could not be read as {mod.KIND}: "
+                   f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")  # fmt: skip
 
 
 # -- any input: a dump read whole, a text streamed ---------------------------------------------------------

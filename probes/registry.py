@@ -58,7 +58,11 @@ def detect(data: bytes) -> ModuleType | None:
 def parse_artifact(
     data: bytes, src: Source, ev: Evidence, kind: str | None = None, quiet: bool = False
 ) -> str | None:
-    """Parse one artifact into ev; returns the kind read, or None (with a gap saying why)."""
+    """Parse one artifact into ev; returns the kind read, or None (with a gap saying why).
+
+    A dump (pickle, JSON) goes whole to its parser; any text goes through the one reader (probes/reader.py),
+    which reads it as a sequence of regions of any kinds. The kind returned names the text by its main kind.
+    """
     if not data.strip():
         ev.gap(src.name, "empty file: nothing to read")
         return None
@@ -67,6 +71,10 @@ def parse_artifact(
         mod = next((m for m in parsers() if m.KIND == kind), None)
     if mod is None:
         mod = detect(data)
+    from hangdx.probes import reader
+
+    if not kind and not reader.is_dump(data[:64]) and not looks_binary(data[:HEAD_BYTES]):
+        return _read_text(data, src, ev, mod, quiet)
     if mod is None:
         if quiet:
             return None
@@ -87,6 +95,31 @@ def parse_artifact(
         ev.gap(src.name, f"read as {mod.KIND}, but nothing in its {len(data)} bytes is evidence hangdx uses")
     ev.note_host(src.host)
     return mod.KIND
+
+
+def _read_text(data: bytes, src: Source, ev: Evidence, sniffed: ModuleType | None, quiet: bool) -> str | None:
+    """A text through the reader; named by the kind its sniff chose when the reader read that kind too."""
+    from hangdx.probes import reader
+
+    before = _size(ev)
+    report = reader.read_text([data], src, ev)
+    kinds = [r.kind for r in report.regions if r.kind]
+    if not kinds:
+        if not quiet:
+            what = "text"
+            ev.gap(src.name, f"not a known artifact ({what} of {len(data)} bytes): skipped")
+        return None
+    family = {reader.family(k) for k in kinds}
+    if sniffed is not None and reader.family(sniffed.KIND) in family:
+        name = sniffed.KIND
+    else:
+        name = max(set(kinds), key=lambda k: sum(r.lines for r in report.regions if r.kind == k))
+    loud = [m.KIND for m in parsers() if m.KIND in kinds and not getattr(m, "QUIET_WHEN_EMPTY", False)]
+    if _size(ev) == before and not quiet and loud:
+        what = name if len(family) == 1 else " and ".join(sorted(set(kinds)))
+        ev.gap(src.name, f"read as {what}, but nothing in its {len(data)} bytes is evidence hangdx uses")
+    ev.note_host(src.host)
+    return name
 
 
 def _size(ev: Evidence) -> tuple:

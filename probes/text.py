@@ -31,8 +31,11 @@ def decode(data: bytes) -> str:
 
 
 def lines(data: bytes) -> list[str]:
-    """The lines of an artifact, without line endings."""
-    return decode(data).splitlines()
+    """The lines of an artifact, without line endings, numbered as an editor numbers them (`\\n` ends a line)."""
+    out = decode(data).split("\n")
+    if out and out[-1] == "":
+        out.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in out]
 
 
 def strip_rank_prefix(line: str) -> tuple[int | None, str]:

@@ -230,8 +230,11 @@ class _State:
 def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
     """Parse (line number, text) pairs that are not NCCL lines."""
     st = _State(src=src, ev=ev)
-    for lineno, text in numbered:
+    for item in numbered:
+        lineno, text = item[0], item[1]
         rank, body = strip_rank_prefix(text)
+        if rank is None and len(item) > 2:  # the reader took the launcher's prefix off and kept its rank
+            rank = item[2]  # type: ignore[misc]
         msg = _LOG_HEADER.sub("", body, count=1)
         ln = _Line(lineno, text, rank, body, msg)
         try:

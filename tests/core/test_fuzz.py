@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from hangdx.playbooks import engine
 from hangdx.probes.model import Evidence, Quote, Source
+from hangdx.probes.normalise import Normaliser
 from hangdx.probes.registry import HEAD_BYTES, parse_artifact, parsers
 from hangdx.probes.text import lines as text_lines
 
@@ -229,7 +230,15 @@ def check(kind: str, data: bytes, ev: Evidence, src: Source) -> None:
         assert q.source == src.name, q
         if verbatim:
             assert 1 <= q.line <= len(all_lines), (q, len(all_lines))
-            assert q.text.strip() in all_lines[q.line - 1], (q, all_lines[q.line - 1])
+            assert _quotes_its_line(q.text, q.line, all_lines), (q, all_lines[q.line - 1])
+
+
+def _quotes_its_line(quote: str, no: int, all_lines: list[str]) -> bool:
+    """A quote is its line as printed, or as the reader cleaned it (prefix, colours, bar taken off; a wrap joined)."""
+    raw = all_lines[no - 1]
+    forms = [raw, *(ln.text for ln in Normaliser().line(no, raw))]
+    q = quote.strip()
+    return any(q in f for f in forms) or any(f.strip() and q.startswith(f.strip()) for f in forms[1:])
 
 
 def parse(kind: str, data: bytes, name: str = "fuzz.txt") -> Evidence:
