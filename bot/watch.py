@@ -292,8 +292,9 @@ class Watcher:
         sizes = state[0] if state else None
         track = self.tracks.get(job.job_id)
         if track is None:
-            # Quiet since its files last changed, so that a watch (re)started after a job hung sees it at once.
-            age = max(0.0, time.time() - state[1]) if state else 0.0
+            # Quiet since its files last changed, so that a watch (re)started after a job hung sees it at once;
+            # with no file to watch, the probe is the only signal: probed now, then every stall window.
+            age = max(0.0, time.time() - state[1]) if state else self.settings.stall
             track = self.tracks[job.job_id] = _Track(sizes, now - age)
         elif sizes is not None and sizes != track.sizes:
             track.sizes, track.quiet_since, track.raised = sizes, now, False
