@@ -14,6 +14,7 @@ confirmation probe (two samples of every rank with py-spy: wall and CPU seconds 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import signal
@@ -65,8 +66,8 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def detection(cluster, env: dict, slack: SlackStandin, stall: float, n: int) -> tuple[float, float]:
-    """Seconds from the hung job's last output to its thread's parent post, and to its verdict."""
+def detection(cluster, env: dict, slack: SlackStandin, stall: float, n: int) -> tuple[float, float, str]:
+    """Seconds from the hung job's last output to its thread's parent post, and to its verdict; what it said."""
     job = cluster.sbatch(
         f"--job-name=hung-{n}", "--export=ALL,RANK=0,WORLD_SIZE=2", _script(cluster, "h.py", HUNG)
     )
@@ -111,9 +112,12 @@ def detection(cluster, env: dict, slack: SlackStandin, stall: float, n: int) -> 
     stalled = next((ln for ln in text.splitlines() if f"job {job} stalled" in ln), "")
     if not stalled:
         raise SystemExit(f"bench/watch.py: the watch did not say job {job} stalled: {text}")
+    blocks = [c.body.get("blocks") for c in slack.calls_to("chat.postMessage") if c.body.get("thread_ts")]
+    said = json.dumps(blocks)
+    verdict = "rank_crashed, rank 1" if "rank_crashed" in said and "Rank 1" in said else "OTHER"
     # Slack's list of calls is cumulative: clear it so the next round's parent is its own.
     slack.calls.clear()
-    return parent_at - hung_at, verdict_at - hung_at
+    return parent_at - hung_at, verdict_at - hung_at, verdict
 
 
 def listing_cost(cluster, count: int) -> float:
@@ -182,8 +186,7 @@ def main() -> int:
             )
             try:
                 for n, stall in enumerate(float(s) for s in args.stalls.split(",")):
-                    thread, verdict = detection(cluster, env, slack, stall, n)
-                    rows.append((stall, thread, verdict))
+                    rows.append((stall, *detection(cluster, env, slack, stall, n)))
             finally:
                 _stop(worker)
         listed_1 = listing_cost(cluster, 1)
@@ -194,9 +197,11 @@ def main() -> int:
         cluster.stop()
 
     print("hangdx watch --slurm --interval 1 (one-node Slurm, worker probing locally, Slack stand-in)")
-    print(f"{'stall window':>12}  {'hang -> thread':>14}  {'over window':>11}  {'hang -> verdict':>15}")
-    for stall, thread, verdict in rows:
-        print(f"{stall:>11.0f}s  {thread:>13.1f}s  {thread - stall:>10.1f}s  {verdict:>14.1f}s")
+    print(
+        f"{'stall window':>12}  {'hang -> thread':>14}  {'over window':>11}  {'hang -> verdict':>15}  verdict"
+    )
+    for stall, thread, verdict, said in rows:
+        print(f"{stall:>11.0f}s  {thread:>13.1f}s  {thread - stall:>10.1f}s  {verdict:>14.1f}s  {said}")
     print()
     print(f"{'cost of one check':<58} {'value':>12}")
     print(f"{'listing pass, 1 running job (1 scontrol, lstat outputs)':<58} {listed_1:>10.0f}ms")
