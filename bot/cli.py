@@ -1,4 +1,4 @@
-"""The `hangdx` command line: analyze, diagnose, doctor, demo, serve, worker.
+"""The `hangdx` command line: analyze, diagnose, doctor, demo, serve, worker, incident, watch.
 
 Exit status (CONTRACTS.md): 0 when a verdict was produced, 2 on bad usage or unreadable
 input (one line naming the problem), 1 on internal error. `doctor`: 0 when every node has what
@@ -70,7 +70,31 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("worker", help="run diagnoses queued in Redis")
     i = sub.add_parser("incident", help="an incident kept in Redis, as Markdown for a hand-off or postmortem")
     i.add_argument("job_id", metavar="JOBID")
+    _add_watch(sub)
     return ap
+
+
+def _add_watch(sub) -> None:
+    w = sub.add_parser("watch", help="notice stalled jobs and open an incident for each, as an alert does")
+    jobs = w.add_mutually_exclusive_group()  # checked in cmd_watch: one line, not argparse's usage text
+    jobs.add_argument("--slurm", action="store_true", help="watch Slurm's running jobs")
+    jobs.add_argument("--inventory", metavar="FILE", help="watch the jobs of this inventory")
+    w.add_argument("--interval", type=float, default=60.0, help="seconds between checks (default 60)")
+    w.add_argument(
+        "--stall", type=float, default=600.0, help="seconds without output before a probe (default 600)"
+    )
+    w.add_argument("--partition", default="", help="comma-separated partitions to watch (default all)")
+    w.add_argument("--user", default="", help="comma-separated users whose jobs to watch (default all)")
+    w.add_argument("--job", default="", help="comma-separated job ids to watch (default all)")
+    w.add_argument("--exclude", default="", help="comma-separated job ids never to watch")
+    w.add_argument(
+        "--probe",
+        metavar="RESOLVER",
+        help="how the confirmation probe reaches the ranks: local, slurm, inventory:PATH "
+        "(default HANGDX_RESOLVER, else the watched source)",
+    )
+    w.add_argument("--once", action="store_true", help="one check, print every decision, exit")
+    _add_ssh_options(w)
 
 
 def _add_ssh_options(p: argparse.ArgumentParser) -> None:
@@ -119,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_worker(args)
         if args.command == "incident":
             return cmd_incident(args)
+        if args.command == "watch":
+            return cmd_watch(args)
         ap.print_help()
         return 2
     except UsageError as e:
@@ -301,3 +327,60 @@ def cmd_incident(args: argparse.Namespace) -> int:
     except (DiagnosisError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
     return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    import os
+    import threading
+
+    from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, check_resolver
+    from hangdx.bot.incidents import StoreUnavailable
+    from hangdx.bot.service import Service
+    from hangdx.bot.watch import Watcher, WatchError, WatchSettings
+
+    if not (args.slurm or args.inventory):
+        raise UsageError("watch: which jobs? give --slurm or --inventory FILE")
+    if not (args.interval > 0 and args.stall > 0):
+        raise UsageError("watch: --interval and --stall must be positive numbers of seconds")
+    source = "slurm" if args.slurm else f"inventory:{args.inventory}"
+    how = args.probe or os.environ.get("HANGDX_RESOLVER", "").strip() or source
+    try:
+        check_resolver(how)
+    except DiagnosisError as e:
+        raise UsageError(f"watch --probe: {e}") from None
+
+    def ids(text: str) -> frozenset[str]:
+        return frozenset(x.strip() for x in text.split(",") if x.strip())
+
+    settings = WatchSettings(
+        source=source,
+        interval=args.interval,
+        stall=args.stall,
+        partitions=ids(args.partition),
+        users=ids(args.user),
+        jobs=ids(args.job),
+        exclude=ids(args.exclude),
+        probe=DiagnoseOptions(how=how, samples=2, interval=1.0, **_ssh_flags(args)),
+    )
+    cfg = _bot_config()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        watcher = Watcher(settings, Service(cfg).submit)
+        if args.once:
+            for d in watcher.check():
+                sys.stdout.write(f"{d.job_id}\t{d.outcome}\t{d.reason}\n")
+            return 0
+        sys.stderr.write(
+            f"hangdx watch: {source} every {args.interval:g}s, stall window {args.stall:g}s, probe {how}\n"
+        )
+        watcher.run(threading.Event(), report=_watch_report)
+    except (WatchError, StoreUnavailable) as e:
+        raise UsageError(str(e)) from None
+    return 0
+
+
+def _watch_report(d) -> None:
+    """A line for what matters: a stall, a failure, a probe that could not tell or found the job moving."""
+    if d.outcome in ("stalled", "failed", "unconfirmed") or d.probe_seconds is not None:
+        sys.stderr.write(f"hangdx watch: job {d.job_id} {d.outcome}: {d.reason}\n")
+        sys.stderr.flush()

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SOURCES = ("slash", "mention", "alert", "button", "cli", "schedule")
+SOURCES = ("slash", "mention", "alert", "button", "cli", "schedule", "watch")
 
 
 @dataclass
 class DiagnoseRequest:
     job_id: str
     source: str  # one of SOURCES
-    requested_by: str  # a Slack user id, "alertmanager", "cli:<user>"
+    requested_by: str  # a Slack user id, "alertmanager", "cli:<user>", "hangdx watch"
     channel: str | None = None  # where to answer (Slack channel id)
     thread_ts: str | None = None  # the thread to answer in, when there is one
     hosts: list[str] = field(default_factory=list)  # hosts named by an alert; else the resolver decides

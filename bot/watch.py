@@ -1,0 +1,354 @@
+"""`hangdx watch`: notice stalled jobs with nothing installed in them, and open an incident for each.
+
+Every interval: list the running jobs (Slurm's `scontrol show job`, or an inventory's jobs), and for each
+watched job look at what costs nothing on the nodes: whether its stdout/stderr files grew. A job whose files
+have not grown for the stall window gets one cheap confirmation probe (every rank sampled twice, by the
+diagnosis's own collector): it is stalled when every rank is waiting (in a collective, asleep, blocked) and
+no stack moved. A stalled job becomes a DiagnoseRequest for the same Service.submit an alert reaches, so it
+opens (or joins) the job's one incident, which runs the full diagnosis and posts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, check_job_id, collect
+from hangdx.bot.request import DiagnoseRequest
+from hangdx.playbooks.facts import Facts, derive
+from hangdx.probes.local import JobNotFound, evidence_for_job
+
+log = logging.getLogger("hangdx.watch")
+OPT_OUT = "hangdx:off"  # in a job's comment (sbatch --comment): never watched
+REQUESTED_BY = "hangdx watch"
+# A key of `scontrol --oneliner show job` output: a value runs until the next " Key=" (paths may hold spaces).
+_SCONTROL_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+_USER_ID = re.compile(r"(.*)\((\d+)\)")
+
+Submit = Callable[[DiagnoseRequest], str]
+Confirm = Callable[[str], "Confirmation"]
+
+
+class WatchError(Exception):
+    """The jobs cannot be listed (scontrol missing or failing, a bad inventory): one line."""
+
+
+@dataclass
+class RunningJob:
+    job_id: str
+    user: str = ""
+    uid: int | None = None
+    partition: str = ""
+    comment: str = ""
+    outputs: list[str] = field(default_factory=list)  # its stdout/stderr files, as Slurm names them
+
+
+@dataclass
+class Confirmation:
+    stalled: bool | None  # None: the probe could not tell (no rank found, one sample only)
+    reason: str
+    seconds: float = 0.0
+
+
+@dataclass
+class Decision:
+    """What one pass concluded about one job."""
+
+    job_id: str
+    outcome: str  # skipped | moving | quiet | stalled | raised | unconfirmed | failed
+    reason: str = ""
+    probe_seconds: float | None = None  # how long the confirmation probe took, when one ran
+
+
+@dataclass
+class WatchSettings:
+    source: str  # "slurm" or "inventory:PATH"
+    interval: float = 60.0
+    stall: float = 600.0
+    partitions: frozenset[str] = frozenset()  # empty: every partition
+    users: frozenset[str] = frozenset()  # empty: every user
+    jobs: frozenset[str] = frozenset()  # empty: every job
+    exclude: frozenset[str] = frozenset()
+    probe: DiagnoseOptions = field(default_factory=lambda: DiagnoseOptions(samples=2, interval=1.0))
+    channel: str | None = None  # where incidents open; None: HANGDX_ALERT_CHANNEL
+
+
+@dataclass
+class _Track:
+    sizes: tuple[int | None, ...] | None
+    quiet_since: float  # when the outputs last grew (or the job was first seen, or last probed moving)
+    raised: bool = False
+
+
+# ---------------------------------------------------------------- listing the running jobs
+
+
+def scontrol_fields(record: str) -> dict[str, str]:
+    """One job record of `scontrol --oneliner show job` as {key: value}."""
+    keys = list(_SCONTROL_KEY.finditer(record))
+    out: dict[str, str] = {}
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(record)
+        out.setdefault(m.group(1), record[m.end() : end].strip())
+    return out
+
+
+def parse_scontrol_jobs(text: str) -> list[RunningJob]:
+    """The RUNNING jobs of `scontrol --oneliner show job` output."""
+    jobs = []
+    for line in text.splitlines():
+        f = scontrol_fields(line)
+        if f.get("JobState") != "RUNNING" or not f.get("JobId"):
+            continue
+        user, uid = f.get("UserId", ""), None
+        m = _USER_ID.fullmatch(user)
+        if m:
+            user, uid = m.group(1), int(m.group(2))
+        outputs = [f[k] for k in ("StdOut", "StdErr") if f.get(k, "").startswith("/")]
+        jobs.append(
+            RunningJob(
+                job_id=f["JobId"],
+                user=user,
+                uid=uid,
+                partition=f.get("Partition", ""),
+                comment=f.get("Comment", "") if f.get("Comment") != "(null)" else "",
+                outputs=list(dict.fromkeys(outputs)),
+            )
+        )
+    return jobs
+
+
+def list_slurm_jobs(scontrol: str = "scontrol", timeout: float = 20.0) -> list[RunningJob]:
+    """Every running job Slurm knows, in one `scontrol --oneliner show job` (one RPC, whatever the count)."""
+    exe = shutil.which(scontrol)
+    if exe is None:
+        raise WatchError(
+            f"{scontrol} not found: run hangdx watch --slurm where Slurm's commands are installed"
+        )
+    try:
+        out = subprocess.run(
+            [exe, "--oneliner", "show", "job"],
+            capture_output=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise WatchError(f"scontrol show job did not answer within {timeout:g}s") from None
+    except OSError as e:
+        raise WatchError(f"scontrol could not run: {e}") from None
+    text = out.stdout.decode("utf-8", "replace")
+    if out.returncode != 0:
+        err = out.stderr.decode("utf-8", "replace").strip()
+        if "No jobs in the system" in err or "No jobs in the system" in text:
+            return []
+        first = next((ln.strip() for ln in err.splitlines() if ln.strip()), f"exit status {out.returncode}")
+        raise WatchError(f"scontrol show job failed: {first}")
+    return parse_scontrol_jobs(text)
+
+
+def list_inventory_jobs(path: str) -> list[RunningJob]:
+    """An inventory's jobs, all taken as running: with no output files known, each is probed every stall window."""
+    from hangdx.probes import resolve
+    from hangdx.probes.hosts import HostError
+
+    try:
+        resolve.from_inventory(path, None)  # checks the whole file, as diagnose would
+        doc = resolve._load_yaml(path)
+    except (HostError, resolve.ResolveError) as e:
+        raise WatchError(str(e)) from None
+    return [RunningJob(job_id=str(key)) for key in (doc.get("jobs") or {})]
+
+
+def watch_reason(job: RunningJob, settings: WatchSettings) -> str | None:
+    """Why the job is not watched, or None when it is."""
+    if job.job_id in settings.exclude:
+        return "excluded (--exclude)"
+    if OPT_OUT in job.comment:
+        return f"opted out (its comment says {OPT_OUT})"
+    if settings.jobs and job.job_id not in settings.jobs:
+        return "not one of the jobs watched"
+    if settings.partitions and job.partition not in settings.partitions:
+        return f"partition {job.partition or '?'} not watched"
+    if settings.users and job.user not in settings.users:
+        return f"user {job.user or '?'} not watched"
+    try:
+        check_job_id(job.job_id)
+    except DiagnosisError as e:
+        return str(e)
+    return None
+
+
+def output_state(job: RunningJob) -> tuple[tuple[int | None, ...], float] | None:
+    """The sizes of the job's output files and the newest one's mtime; None when none can be read.
+
+    lstat only: the path is the job's own text, never followed (a link) or opened, and a file that is not
+    the job owner's says nothing about this job."""
+    sizes: list[int | None] = []
+    newest = None
+    for path in job.outputs:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            sizes.append(None)
+            continue
+        if stat.S_ISREG(st.st_mode) and (job.uid is None or st.st_uid == job.uid):
+            sizes.append(st.st_size)
+            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
+        else:
+            sizes.append(None)
+    return (tuple(sizes), newest) if newest is not None else None
+
+
+# ---------------------------------------------------------------- the confirmation probe
+
+
+def judge(facts: Facts) -> Confirmation:
+    """Stalled: every live rank is waiting (collective, sleep, lock, I/O...), its stack the same in every sample."""
+    alive = [v for v in facts.ranks.values() if v.alive]
+    if not alive:
+        return Confirmation(None, "no live rank found" if not facts.ranks else "every rank has exited")
+    if facts.progressing:
+        return Confirmation(False, facts.progress_reason)
+    unsampled = sorted(v.rank for v in alive if len(v.locations) < 2)
+    if unsampled:
+        return Confirmation(None, f"rank(s) {_ranks(unsampled)} could not be sampled twice")
+    moving = sorted(v.rank for v in alive if v.moved)
+    if moving:
+        return Confirmation(False, f"rank(s) {_ranks(moving)} moved between samples")
+    running = sorted(v.rank for v in alive if v.location.kind == "compute")
+    if running:
+        return Confirmation(False, f"rank(s) {_ranks(running)} running their own code")
+    first = min(alive, key=lambda v: v.rank)
+    where = first.location.describe()
+    gone = f"; rank(s) {_ranks(facts.exited + facts.missing)} gone" if facts.exited or facts.missing else ""
+    return Confirmation(
+        True,
+        f"every rank waiting with its stack unchanged across {len(first.locations)} samples "
+        f"(rank {first.rank} {where}){gone}",
+    )
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+def probe(job_id: str, opts: DiagnoseOptions) -> Confirmation:
+    """One probe of every rank (opts.samples samples) by the diagnosis's collector, judged."""
+    started = time.monotonic()
+    try:
+        docs = collect(job_id, opts)
+        found = judge(derive(evidence_for_job(docs, job_id)))
+    except (DiagnosisError, JobNotFound) as e:
+        found = Confirmation(None, str(e))
+    found.seconds = time.monotonic() - started
+    return found
+
+
+# ---------------------------------------------------------------- the watcher
+
+
+class Watcher:
+    """Keeps, per job, when its outputs last grew; one check() is one pass over the running jobs."""
+
+    def __init__(
+        self,
+        settings: WatchSettings,
+        submit: Submit,
+        list_jobs: Callable[[], list[RunningJob]] | None = None,
+        confirm: Confirm | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.submit = submit
+        self.list_jobs = list_jobs or _lister(settings.source)
+        self.confirm = confirm or (lambda job_id: probe(job_id, settings.probe))
+        self.clock = clock
+        self.tracks: dict[str, _Track] = {}
+
+    def check(self) -> list[Decision]:
+        """One pass: a decision per running job."""
+        jobs = self.list_jobs()
+        now = self.clock()
+        seen = {j.job_id for j in jobs}
+        for gone in set(self.tracks) - seen:  # ended, or no longer running
+            del self.tracks[gone]
+        return [self._decide(job, now) for job in jobs]
+
+    def _decide(self, job: RunningJob, now: float) -> Decision:
+        why = watch_reason(job, self.settings)
+        if why:
+            self.tracks.pop(job.job_id, None)
+            return Decision(job.job_id, "skipped", why)
+        state = output_state(job)
+        sizes = state[0] if state else None
+        track = self.tracks.get(job.job_id)
+        if track is None:
+            # Quiet since its files last changed, so that a watch (re)started after a job hung sees it at once;
+            # with no file to watch, the probe is the only signal: probed now, then every stall window.
+            age = max(0.0, time.time() - state[1]) if state else self.settings.stall
+            track = self.tracks[job.job_id] = _Track(sizes, now - age)
+        elif sizes is not None and sizes != track.sizes:
+            track.sizes, track.quiet_since, track.raised = sizes, now, False
+            return Decision(job.job_id, "moving", "its output grew")
+        quiet = now - track.quiet_since
+        silent = (
+            f"no output for {quiet:.0f}s"
+            if sizes is not None
+            else f"no output file to watch, {quiet:.0f}s since"
+        )
+        if quiet < self.settings.stall:
+            return Decision(job.job_id, "quiet", silent)
+        if track.raised:
+            return Decision(job.job_id, "raised", f"{silent}; its incident is open")
+        found = self.confirm(job.job_id)
+        if not found.stalled:
+            # Probed: the next probe is a stall window away, so a slow job costs one probe per window.
+            track.quiet_since = self.clock()
+            outcome = "moving" if found.stalled is False else "unconfirmed"
+            return Decision(job.job_id, outcome, f"{silent}, but {found.reason}", found.seconds)
+        summary = f"hangdx watch: {silent}; {found.reason}"
+        req = DiagnoseRequest(
+            job_id=job.job_id,
+            source="watch",
+            requested_by=REQUESTED_BY,
+            channel=self.settings.channel,
+            summary=summary,
+        )
+        try:
+            self.submit(req)
+        except Exception as e:  # noqa: BLE001 - Redis or Slack down: try again next pass, say why now
+            why = f"could not open the incident: {' '.join(str(e).split())}"
+            return Decision(job.job_id, "failed", why, found.seconds)
+        track.raised = True
+        return Decision(job.job_id, "stalled", summary, found.seconds)
+
+    def run(self, stop: threading.Event, report: Callable[[Decision], None] | None = None) -> None:
+        """check() every interval until `stop` is set; `report` hears every decision."""
+        while not stop.is_set():
+            started = self.clock()
+            try:
+                decisions = self.check()
+            except WatchError as e:
+                decisions = [Decision("-", "failed", str(e))]
+            for d in decisions:
+                if report is not None:
+                    report(d)
+            stop.wait(max(0.0, self.settings.interval - (self.clock() - started)))
+
+
+def _lister(source: str) -> Callable[[], list[RunningJob]]:
+    if source == "slurm":
+        return list_slurm_jobs
+    if source.startswith("inventory:"):
+        path = source.split(":", 1)[1]
+        return lambda: list_inventory_jobs(path)
+    raise WatchError(f"watch source {source!r}: expected slurm or inventory:PATH")
