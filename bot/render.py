@@ -31,6 +31,8 @@ def culprit_text(c: Culprit) -> str:
         parts.append("GPU " + ", ".join(c.gpus))
     if c.links:
         parts.append("link " + ", ".join(c.links))
+    if c.processes and not c.ranks:
+        parts.append(("process " if len(c.processes) == 1 else "processes ") + ", ".join(c.processes))
     return "; ".join(parts) or "none named"
 
 

@@ -247,12 +247,44 @@ def _frame_quote(dump: StackDump, thread: ThreadStack, frame: Frame | None) -> Q
     return thread.quote
 
 
+# Native frames (gdb, pystack, py-spy --native) that say where a thread waits when no Python frame does.
+NATIVE_WAITS = (
+    (("ProcessGroupNCCL", "WorkNCCL", "ncclKernel", "ncclAllReduce", "ncclGroupEnd", "cudaStreamSynchronize",
+      "cudaDeviceSynchronize", "cudaEventSynchronize", "ProcessGroupGloo", "gloo::", "c10d::Reducer"),
+     "collective"),
+    (("TCPStore", "c10d::Store", "rendezvous", "ncclCommInitRank", "bootstrap"), "init"),
+    (("pthread_cond_wait", "pthread_cond_timedwait", "pthread_mutex_lock", "__lll_lock_wait", "sem_wait",
+      "do_futex_wait", "futex_wait", "__futex_abstimed_wait", "PyThread_acquire_lock", "take_gil"), "lock"),
+    (("nfs_", "rpc_wait", "__libc_read", "__libc_write", "__GI___libc_read", "fsync", "pread64", "pwrite64"),
+     "io"),
+)  # fmt: skip
+
+
+def classify_native(frames: list[Frame]) -> tuple[str, Frame] | None:
+    """The innermost native frame that names a wait, and what kind of wait (outermost meaning wins ties)."""
+    found: tuple[str, Frame] | None = None
+    for f in frames:  # innermost first: a lock inside a collective's wait is that collective
+        for words, kind in NATIVE_WAITS:
+            if any(w in f.function for w in words):
+                if found is None or (found[0] == "lock" and kind in ("collective", "init")):
+                    found = (kind, f)
+                break
+    return found
+
+
 def classify(dump: StackDump, state: ProcessState | None) -> Location:
     """Where a process's main thread is, from its stack and, when known, its blocking syscall."""
     thread = dump.main_thread()
     if thread is None:
         return Location("unknown", detail="no threads in the dump")
     frames = [f for f in thread.frames if not f.native]
+    if not frames and thread.frames:
+        native = classify_native(thread.frames)
+        if native is not None:
+            kind, f = native
+            q = f.quote or thread.quote
+            op = "a collective" if kind == "collective" else None
+            return Location(kind, op, None, f"native frame {f.function}", q)
     user = user_frame(frames)
     site = call_site(user)
 

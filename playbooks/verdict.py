@@ -31,14 +31,19 @@ class Culprit:
     hosts: list[str] = field(default_factory=list)
     gpus: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
+    # A process the evidence names without a rank ("gpu-node-01 pid 1005"): only when no rank names it.
+    processes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "ranks": sorted(set(self.ranks)),
             "hosts": sorted(set(self.hosts)),
             "gpus": list(dict.fromkeys(self.gpus)),
             "links": list(dict.fromkeys(self.links)),
         }
+        if self.processes:
+            out["processes"] = list(dict.fromkeys(self.processes))
+        return out
 
 
 @dataclass

@@ -119,6 +119,10 @@ class CollectiveRecord:
     time: float | None = None
     quote: Quote | None = None
     origin: str = ""  # flight_recorder | nccl_log | torch_log
+    pid: int | None = (
+        None  # the process that logged it, when known (NCCL logs name host:pid, not always a rank)
+    )
+    device: int | None = None  # its CUDA device (NCCL's cudaDev)
 
 
 @dataclass

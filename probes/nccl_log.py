@@ -483,5 +483,7 @@ def _finish_collectives(st: _State, src: Source, ev: Evidence) -> None:
                 host=nl.host or src.host,
                 quote=_quote(src, nl),
                 origin="nccl_log",
+                pid=nl.pid,
+                device=nl.cuda_dev,
             )
         )

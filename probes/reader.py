@@ -24,7 +24,7 @@ from hangdx.probes import registry
 from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import Line, Normaliser, joins_next
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 8 << 20
 HEAD_LINES = 4000  # the start of a log: versions, communicator set-up, the rank map
 TAIL_LINES = 20000  # its end: where the hang is
 CONTEXT_LINES = 40  # kept after a line that names a fault: a traceback's frames, a desync report
@@ -97,19 +97,24 @@ class Keeper:
         if not data:
             return
         self.bytes += len(data)
-        data = self._rest + data
-        cut = data.rfind(b"\n")
+        lo = 0
+        if self._rest:  # the line the last piece left open ends in this one
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._rest = (self._rest + data)[:MAX_LINE_BYTES]
+                return
+            self._chunk(self._rest[:MAX_LINE_BYTES] + data[: min(nl, MAX_LINE_BYTES)] + b"\n", 0, None)
+            self._rest, lo = b"", nl + 1
+        cut = data.rfind(b"\n", lo)
         if cut < 0:
-            self._rest = data if len(data) <= MAX_LINE_BYTES else data[:MAX_LINE_BYTES]
+            self._rest = data[lo : lo + MAX_LINE_BYTES]
             return
-        self._rest = data[cut + 1 :]
-        if len(self._rest) > MAX_LINE_BYTES:  # a line with no end in sight: keep its start only
-            self._rest = self._rest[:MAX_LINE_BYTES]
-        self._chunk(data[: cut + 1])
+        self._rest = data[cut + 1 : cut + 1 + MAX_LINE_BYTES]  # a line with no end in sight: keep its start
+        self._chunk(data, lo, cut + 1)
 
     def close(self) -> list[tuple[int, bytes]]:
         if self._rest:
-            self._chunk(self._rest + b"\n")
+            self._chunk(self._rest + b"\n", 0, None)
             self._rest = b""
         kept: dict[int, bytes] = {}
         for no, ln in self.head:
@@ -125,27 +130,27 @@ class Keeper:
 
     # -- per chunk ---------------------------------------------------------------------------------------
 
-    def _chunk(self, chunk: bytes) -> None:
-        """A run of whole lines (ends with a newline)."""
-        n = chunk.count(b"\n")
+    def _chunk(self, buf: bytes, lo: int, hi: int | None) -> None:
+        """The whole lines of buf[lo:hi] (it ends with a newline); searched in place, never copied whole."""
+        hi = len(buf) if hi is None else hi
+        n = buf.count(b"\n", lo, hi)
         base = self.lineno
         if len(self.head) < HEAD_LINES or n < 256:
-            self._lines(chunk.split(b"\n")[:-1], base)
+            self._lines(buf[lo:hi].split(b"\n")[:-1], base)
             self.lineno = base + n
             return
-        coll = chunk.count(_COLL) if _COLL in chunk else 0
-        if coll == n and b"\r" not in chunk and b"\x1b" not in chunk:
+        coll = buf.count(_COLL, lo, hi)
+        if coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0:
             # Nothing but collective lines: only each process's last ones can matter.
             self.collectives += coll
-            self._coll_tails(chunk, base, n, whole=True)
+            self._coll_tails(buf, lo, hi, base, n)
             self.lineno = base + n
             return
-        parts = chunk.split(b"\n")[:-1]
+        parts = buf[lo:hi].split(b"\n")[:-1]
         if coll > n // 2:
             self.collectives += coll
-            self._coll_tails(chunk, base, n, whole=False)
-            others = [(i, ln) for i, ln in enumerate(parts) if _COLL not in ln]
-            for i, ln in others:
+            self._coll_tails(buf, lo, hi, base, n)
+            for i, ln in [(i, ln) for i, ln in enumerate(parts) if _COLL not in ln]:
                 self._keep(base + i + 1, ln)
         else:
             self._lines(parts, base)
@@ -208,17 +213,17 @@ class Keeper:
             dq.append((no, ln[:MAX_LINE_BYTES]))
         return proc
 
-    def _coll_tails(self, chunk: bytes, base: int, n: int, whole: bool) -> None:
-        """The last collective lines of each process in a chunk, by searching backwards from its end."""
+    def _coll_tails(self, buf: bytes, lo: int, hi: int, base: int, n: int) -> None:
+        """The last collective lines of each process in buf[lo:hi], searching backwards from its end."""
         budget = COLL_PER_PROCESS * max(len(self.procs), 8) + 64
-        end = len(chunk) - 1  # the chunk's final newline
-        seen: collections.Counter[bytes] = collections.Counter()
+        end = hi - 1  # the final newline
+        seen: set[bytes] = set()
         lines_back = 0
         walked: list[tuple[int, bytes]] = []
-        while budget > 0 and end > 0:
-            start = chunk.rfind(b"\n", 0, end) + 1
+        while budget > 0 and end > lo:
+            start = max(lo, buf.rfind(b"\n", lo, end) + 1)
             lines_back += 1
-            ln = chunk[start:end]
+            ln = buf[start:end]
             if _COLL in ln:
                 walked.append((base + n - lines_back + 1, ln))
             end = start - 1
@@ -226,24 +231,19 @@ class Keeper:
         for no, ln in reversed(walked):
             proc = self._coll_line(no, ln)
             if proc:
-                seen[proc] += 1
-        # A process that stopped early in this chunk is not among its last lines: find its last line directly.
-        for proc in list(self.procs):
-            if seen[proc]:
-                continue
-            end = len(chunk)
+                seen.add(proc)
+        # A process that stopped early in this piece is not among its last lines: find its last lines directly.
+        for proc in list(self.procs - seen):
+            end = hi
             for _ in range(COLL_PER_PROCESS):
-                at = chunk.rfind(proc, 0, end)
+                at = buf.rfind(proc, lo, end)
                 if at < 0:
                     break
-                start = chunk.rfind(b"\n", 0, at) + 1
-                stop = chunk.find(b"\n", at)
-                ln = chunk[start:stop]
+                start = max(lo, buf.rfind(b"\n", lo, at) + 1)
+                stop = buf.find(b"\n", at, hi)
+                ln = buf[start:stop]
                 if _COLL in ln:
-                    no = base + n - chunk.count(b"\n", stop) + 1
-                    self._coll_line(no, ln)
-                elif not whole:
-                    pass  # a non-collective line of it: read with the others
+                    self._coll_line(base + n - buf.count(b"\n", stop, hi) + 1, ln)
                 end = start
 
 

@@ -236,9 +236,10 @@ def check(kind: str, data: bytes, ev: Evidence, src: Source) -> None:
 def _quotes_its_line(quote: str, no: int, all_lines: list[str]) -> bool:
     """A quote is its line as printed, or as the reader cleaned it (prefix, colours, bar taken off; a wrap joined)."""
     raw = all_lines[no - 1]
-    forms = [raw, *(ln.text for ln in Normaliser().line(no, raw))]
+    clean = raw.replace("\x00", "")  # the reader drops NUL bytes
+    forms = [raw, clean, *(ln.text for ln in Normaliser().line(no, clean))]
     q = quote.strip()
-    return any(q in f for f in forms) or any(f.strip() and q.startswith(f.strip()) for f in forms[1:])
+    return any(q in f for f in forms) or any(f.strip() and q.startswith(f.strip()) for f in forms[2:])
 
 
 def parse(kind: str, data: bytes, name: str = "fuzz.txt") -> Evidence:

@@ -1,0 +1,208 @@
+"""The flowchart's branches for partial evidence: what an engineer concludes when not every rank was seen.
+
+One process's stack still says where that process waits; a log that never maps its processes to ranks still
+shows which process stopped issuing collectives. Each finding says that only part of the job was seen, names
+the process as the evidence names it (rank, host, pid, CUDA device), and names the one artifact that would
+settle it, as a command to run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from hangdx.playbooks.engine import Match, playbook
+from hangdx.playbooks.facts import Facts, Location, classify
+from hangdx.playbooks.verdict import Culprit
+from hangdx.probes.model import CollectiveRecord, ProcessState, Quote, StackDump
+
+# Where one process waits -> what that says by itself, and how sure one can be from one process.
+_ALONE = {
+    "dataloader": ("dataloader_stall", 0.62),
+    "io": ("io_stall", 0.62),
+    "lock": ("user_deadlock", 0.55),
+    "p2p": ("p2p_deadlock", 0.42),
+    "init": ("comm_init_failure", 0.5),
+}
+
+
+@dataclass
+class Process:
+    """A process the evidence shows, named by whatever it gives: rank, host, pid."""
+
+    rank: int | None
+    host: str | None
+    pid: int | None
+    dumps: list[StackDump] = field(default_factory=list)
+    location: Location | None = None
+
+    def name(self) -> str:
+        parts = []
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.host:
+            parts.append(f"on {self.host}" if parts else self.host)
+        if self.pid is not None:
+            parts.append(f"pid {self.pid}")
+        return " ".join(parts) or "the process"
+
+
+def _states(facts: Facts) -> dict[tuple[str | None, int], ProcessState]:
+    out: dict[tuple[str | None, int], ProcessState] = {}
+    for s in facts.ev.processes:
+        out[(s.host, s.pid)] = s
+    return out
+
+
+def seen_processes(facts: Facts) -> list[Process]:
+    """Every main process with a stack: ranked ones from the facts, and those whose dump names no rank."""
+    procs: list[Process] = []
+    for r, v in sorted(facts.ranks.items()):
+        if v.stacks and v.alive is not False:
+            procs.append(Process(r, v.host, v.pid, v.stacks, v.location))
+    states = _states(facts)
+    unranked: dict[tuple, list[StackDump]] = defaultdict(list)
+    for d in facts.ev.stacks:
+        if d.rank is None and d.role != "worker":
+            unranked[(d.host, d.pid if d.pid is not None else id(d))].append(d)
+    for (host, _), dumps in unranked.items():
+        d = dumps[-1]
+        loc = classify(d, states.get((host, d.pid)) if d.pid is not None else None)
+        procs.append(Process(None, host, d.pid, dumps, loc))
+    return procs
+
+
+def _partial(facts: Facts, procs: list[Process]) -> bool:
+    """Fewer processes seen than the job has (or than anyone can tell it has)."""
+    ws = facts.world_size
+    return ws is None or len(procs) < ws
+
+
+@playbook("one_process", order=56)
+def one_process(facts: Facts) -> Iterator[Match]:
+    """Only some processes' stacks were seen: where does each wait, and is that a cause by itself?"""
+    procs = seen_processes(facts)
+    if not procs or not _partial(facts, procs):
+        return
+    ranked_crowd = len([p for p in procs if p.rank is not None]) >= 2
+    if ranked_crowd and not any(p.rank is None for p in procs):
+        return  # several ranks seen: the crowd playbooks compare them
+    for p in _culprits(procs):
+        loc = p.location
+        if loc is None or loc.kind not in _ALONE:
+            continue
+        category, conf = _ALONE[loc.kind]
+        others = [q for q in procs if q is not p]
+        if others and all(q.location and q.location.kind == "collective" for q in others):
+            conf = min(0.8, conf + 0.15)  # the others wait in a collective for it: the classic picture
+        evidence: list[Quote] = [loc.quote] if loc.quote else []
+        evidence += [q.location.quote for q in others[:2] if q.location and q.location.quote]
+        yield Match(
+            category,
+            conf,
+            Culprit(
+                ranks=[p.rank] if p.rank is not None else [],
+                hosts=[p.host] if p.host else [],
+                processes=[p.name()] if p.rank is None else [],
+            ),
+            evidence,
+            {
+                "who": p.name(),
+                "where": loc.describe(),
+                "kind": loc.kind,
+                "seen": len(procs),
+                "world_size": facts.world_size,
+                "others": [f"{q.name()} is {q.location.describe()}" for q in others[:3] if q.location],
+                "pid": p.pid,
+                "host": p.host,
+                "rank": p.rank,
+            },
+            status="hung",
+            template="one_process",
+        )
+
+
+def _culprits(procs: list[Process]) -> list[Process]:
+    """With one process, that one; with several, those not where most of them are."""
+    if len(procs) == 1:
+        return procs
+    counts = Counter(p.location.kind for p in procs if p.location)
+    if not counts:
+        return []
+    crowd = max(counts.items(), key=lambda kv: (kv[1], kv[0] == "collective"))[0]
+    return [p for p in procs if p.location and p.location.kind != crowd]
+
+
+# -- a log whose processes have no rank ----------------------------------------------------------------------
+
+
+@dataclass
+class _Stream:
+    host: str | None
+    pid: int
+    device: int | None
+    last: CollectiveRecord
+
+    def name(self) -> str:
+        dev = f" cudaDev {self.device}" if self.device is not None else ""
+        return f"{self.host + ' ' if self.host else ''}pid {self.pid}{dev}"
+
+
+def _unranked_streams(facts: Facts) -> list[_Stream]:
+    """Each unranked process's latest collective on its busiest communicator."""
+    per: dict[tuple, dict[str | None, list[CollectiveRecord]]] = defaultdict(lambda: defaultdict(list))
+    for c in facts.ev.collectives:
+        if c.rank is None and c.pid is not None and c.seq is not None and c.op not in ("send", "recv"):
+            per[(c.host, c.pid, c.device)][c.pg].append(c)
+    out = []
+    for (host, pid, dev), comms in per.items():
+        busiest = max(comms.values(), key=len)
+        out.append(_Stream(host, pid, dev, max(busiest, key=lambda c: c.seq or 0)))
+    return out
+
+
+@playbook("unranked_sequence", order=61)
+def unranked_sequence(facts: Facts) -> Iterator[Match]:
+    """A log that never says which rank a process is: which process stopped issuing collectives?"""
+    if facts.have_stacks or any(c.rank is not None for c in facts.ev.collectives):
+        return
+    streams = _unranked_streams(facts)
+    if len(streams) < 2:
+        return
+    top = max(s.last.seq or 0 for s in streams)
+    behind = [s for s in streams if (s.last.seq or 0) < top]
+    if not behind or len(behind) * 2 > len(streams):
+        return
+    ahead = [s for s in streams if s not in behind]
+    evidence = [s.last.quote for s in behind if s.last.quote] + [
+        s.last.quote for s in ahead[:2] if s.last.quote
+    ]
+    hosts = sorted({s.host for s in behind if s.host})
+    yield Match(
+        "conditional_collective",
+        0.72,
+        Culprit(
+            hosts=hosts,
+            gpus=[f"{s.host}:cudaDev {s.device}" for s in behind if s.device is not None],
+            processes=[s.name() for s in behind],
+        ),
+        evidence,
+        {
+            "behind": [
+                {
+                    "name": s.name(),
+                    "seq": s.last.seq,
+                    "gap": top - (s.last.seq or 0),
+                    "pid": s.pid,
+                    "host": s.host,
+                }
+                for s in behind
+            ],
+            "top": top,
+            "n": len(streams),
+            "op": ahead[0].last.op if ahead else "the collective",
+        },
+        status="hung",
+        template="unranked_sequence",
+    )
