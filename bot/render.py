@@ -80,6 +80,10 @@ def terminal(v: Verdict, console: Console, verbose: bool = False) -> None:
         for f in others:
             t.add_row(f.category, f"{f.confidence:.2f}", culprit_text(f.culprit), f.summary)
         console.print(t)
+    if v.read and (verbose or len(v.read) <= 3):
+        console.print(Text("Read:", style="bold dim"))
+        for r in v.read[:20]:
+            console.print(Text("  " + r, style="dim"))
     if v.gaps:
         console.print(Text("Not seen:", style="bold dim"))
         for g in v.gaps[: 20 if verbose else 6]:

@@ -122,6 +122,7 @@ def run(ev: Evidence) -> Verdict:
         findings=findings,
         gaps=[f"{g.source}: {g.message}" for g in ev.gaps],
         elapsed_seconds=time.monotonic() - started,
+        read=list(ev.reads),
     )
 
 

@@ -82,6 +82,7 @@ class Verdict:
     findings: list[Finding]
     gaps: list[str] = field(default_factory=list)
     elapsed_seconds: float | None = None
+    read: list[str] = field(default_factory=list)  # which parts of the texts were read as what, which skipped
 
     @property
     def root_cause(self) -> Finding | None:
@@ -103,4 +104,5 @@ class Verdict:
             else None,
             "findings": [f.to_dict() for f in self.findings],
             "gaps": list(self.gaps),
+            "read": list(self.read),
         }

@@ -211,6 +211,7 @@ class Evidence:
     other_jobs: list[str] = field(default_factory=list)
     host_problems: list[HostProblem] = field(default_factory=list)
     probed_hosts: list[str] = field(default_factory=list)  # every host a live probe was sent to
+    reads: list[str] = field(default_factory=list)  # what the reader read of each text, and what it skipped
 
     def note_host(self, host: str | None) -> None:
         if host and host not in self.hosts:

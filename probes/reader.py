@@ -76,6 +76,25 @@ class ReadReport:
     def skipped(self) -> list[Region]:
         return [r for r in self.regions if r.kind is None]
 
+    def describe(self) -> str:
+        """One line: which lines were read as what, and how many no parser reads."""
+        spans: dict[str, list[str]] = {}
+        for r in self.regions:
+            if r.kind:
+                spans.setdefault(r.kind, []).append(
+                    f"{r.first}-{r.last}" if r.last > r.first else str(r.first)
+                )
+        if not spans:
+            return ""
+        parts = [f"{_SHOWN.get(kind, kind)} (lines {_short(s)})" for kind, s in spans.items()]
+        skipped = sum(r.lines for r in self.skipped)
+        text = f"{self.name}: read as " + ", ".join(parts)
+        if skipped:
+            text += f"; skipped {skipped} line{'s' if skipped != 1 else ''} no parser reads"
+        if self.collectives_seen > 1000:
+            text += f"; {self.collectives_seen:,} NCCL collective lines seen, the last of each process kept"
+        return text
+
 
 class Keeper:
     """Reads a text in chunks and keeps, in bounded memory, the lines a verdict can need."""
@@ -258,6 +277,19 @@ def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
     return h.group(0) + b":" + m.group(1) + b":", m.end()
 
 
+_SHOWN = {
+    "nccl_log": "PyTorch/NCCL log",
+    "pyspy": "py-spy dump",
+    "kernel_log": "kernel log",
+    "nvidia_smi": "nvidia-smi",
+    "ip_link": "ip link",
+}
+
+
+def _short(spans: list[str]) -> str:
+    return ", ".join(spans[:4]) + (f" and {len(spans) - 4} more" if len(spans) > 4 else "")
+
+
 def chunks_of(stream: BinaryIO, limit: int | None = None) -> Iterator[bytes]:
     """A binary stream in CHUNK_BYTES pieces, up to `limit` bytes when one is given."""
     total = 0
@@ -391,6 +423,9 @@ def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
             if kind is not None:
                 _region(by_kind[kind], rlines, gsrc, ev)
         ev.note_host(gsrc.host)
+    note = report.describe()
+    if note:
+        ev.reads.append(note)
     if keeper.dropped:
         ev.gap(
             src.name,
