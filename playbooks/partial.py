@@ -206,3 +206,54 @@ def unranked_sequence(facts: Facts) -> Iterator[Match]:
         status="hung",
         template="unranked_sequence",
     )
+
+
+# -- a rank busy with other work while the others wait -----------------------------------------------------
+
+_OTHER_WORK = ("eval", "valid", "test", "predict", "generat", "sampl", "sav", "checkpoint", "ckpt", "export",
+               "preprocess", "tokeniz", "map", "load", "download", "cach")  # fmt: skip
+_WRITING = ("sav", "checkpoint", "ckpt", "export", "writ")
+_WAIT_KINDS = (
+    "watchdog_timeout",
+    "gloo_timeout",
+    "work_progress",
+    "desync_report",
+    "monitored_barrier_failed",
+)
+
+
+@playbook("busy_elsewhere", order=62)
+def busy_elsewhere(facts: Facts) -> Iterator[Match]:
+    """Logs: is one rank still busy in other work (evaluation, saving, data preparation) while the rest time out?"""
+    if facts.have_stacks:
+        return
+    waiting = {e.rank for e in facts.ev.events_of(*_WAIT_KINDS) if e.rank is not None}
+    if not waiting:
+        return
+    busy = [
+        e
+        for e in facts.ev.events_of("progress")
+        if e.rank is not None
+        and e.rank not in waiting
+        and any(w in str(e.fields.get("what", "")).lower() for w in _OTHER_WORK)
+    ]
+    if not busy:
+        return
+    ranks = sorted({e.rank for e in busy if e.rank is not None})
+    writing = any(any(w in str(e.fields.get("what", "")).lower() for w in _WRITING) for e in busy)
+    timeouts = [e for e in facts.ev.events_of(*_WAIT_KINDS) if e.rank in waiting][:2]
+    yield Match(
+        "io_stall" if writing else "straggler",
+        0.66,
+        Culprit(ranks=ranks, hosts=facts.hosts_of(ranks)),
+        [e.quote for e in busy[:3]] + [e.quote for e in timeouts],
+        {
+            "ranks": ranks,
+            "work": {e.rank: str(e.fields.get("what")) for e in busy},
+            "progress": {e.rank: f"{e.fields.get('n')}/{e.fields.get('total') or '?'}" for e in busy},
+            "waiting": sorted(waiting),
+            "writing": writing,
+        },
+        status="hung",
+        template="busy_elsewhere",
+    )

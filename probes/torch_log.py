@@ -175,6 +175,8 @@ def claims(line: str) -> int:
         return 8
     if _C10_HEADER.match(line):
         return 6
+    if ("it/s" in line or "s/it" in line) and "%|" in line:
+        return 5
     if _EXC_LINE.match(line) and _EXC_HINT.search(line.split(":", 1)[0]):
         return 5
     return 0
@@ -224,6 +226,7 @@ class _State:
     torchrun: dict | None = None  # the failure-summary entry being read
     root_cause: bool = False
     watchdogs: dict[tuple, LogEvent] = field(default_factory=dict)
+    progress: dict[tuple, dict] = field(default_factory=dict)  # (rank, what) -> first and last bar seen
     seen: set = field(default_factory=set)
 
 
@@ -246,6 +249,50 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
     _flush_monitored(st)
     _flush_ddp(st)
     _link_watchdog_pgs(st)
+    _flush_progress(st)
+
+
+# A tqdm / Lightning bar: `Evaluating:  45%|████▌     | 45/100 [00:10<00:12,  4.50it/s]`.
+_BAR = re.compile(
+    r"(?:^|\s|\r)(?P<desc>[^|\r]{0,80}?)[: ]*(?P<pct>\d{1,3})%\|[^|]{0,200}\| ?(?P<n>\d{1,12})/(?P<total>\d{1,12}|\?) "
+    r"\[(?P<elapsed>[\d:]{1,12})(?:<(?P<left>[\d:?]{1,12}))?, {0,3}(?P<rate>[\d.]{1,12}|\?) ?(?P<unit>it/s|s/it)"
+)
+
+
+def _progress(ln: _Line, st: _State) -> None:
+    """A progress bar: keep the first and last of each rank's bar, to tell a moving rank from a stopped one."""
+    bars = list(_BAR.finditer(ln.msg))  # several overwritten bars: the last is what the terminal showed
+    if not bars:
+        return
+    m = bars[-1]
+    rate = None
+    if m["rate"] != "?":
+        try:
+            rate = float(m["rate"])
+            rate = 1 / rate if m["unit"] == "s/it" and rate else rate
+        except ValueError:
+            rate = None
+    what = " ".join(m["desc"].split()).rstrip(":")[-60:]
+    rank = _rank_of(ln, st)
+    entry = st.progress.get((rank, what))
+    n, total = int(m["n"]), (int(m["total"]) if m["total"].isdigit() else None)
+    if entry is None:
+        st.progress[(rank, what)] = {
+            "first": n,
+            "last": n,
+            "total": total,
+            "rate": rate,
+            "line": ln,
+            "count": 1,
+        }
+    else:
+        entry.update(last=n, total=total, rate=rate, line=ln, count=entry["count"] + 1)
+
+
+def _flush_progress(st: _State) -> None:
+    for (rank, what), e in st.progress.items():
+        _add(st, "progress", e["line"], rank=rank, what=what, first=e["first"], n=e["last"], total=e["total"],
+             rate=e["rate"], count=e["count"])  # fmt: skip
 
 
 def _quote(st: _State, ln: _Line) -> Quote:
@@ -283,6 +330,9 @@ def _once(st: _State, *key: Any) -> bool:
 
 
 def _one(ln: _Line, st: _State) -> None:
+    if ("it/s" in ln.msg or "s/it" in ln.msg) and "/" in ln.msg:
+        _progress(ln, st)
+        return
     _traceback(ln, st)
     _desync(ln, st)
     _torchrun_summary(ln, st)
