@@ -407,6 +407,17 @@ def test_a_truncated_artifact_is_read_or_named_in_a_gap(case, data):
         assert "cut short" in mine[0], mine
 
 
+def test_a_prefixed_nccl_log_cut_anywhere_is_still_read_as_nccl():
+    """Issue 14: a `[rank12]:`-prefixed NCCL log cut short was taken for a PyTorch log and yielded nothing."""
+    whole = next(d for k, n, d in CORPUS if n == "ib_status_2.29.log")
+    first_line = whole.index(b"\n") + 1
+    for cut in range(first_line, len(whole), 97):
+        ev = Evidence()
+        assert parse_artifact(whole[:cut], Source("cut.log"), ev) == "nccl_log", cut
+        assert ev.events or ev.collectives, cut
+        assert all(e.rank == 12 for e in ev.events), cut
+
+
 # -- huge inputs made of real lines ----------------------------------------------------------------------
 
 BIG = 5_000_000
