@@ -464,6 +464,34 @@ def timeout_report(facts: Facts) -> Iterator[Match]:
         return
 
 
+def _comparable_last(facts: Facts, progress: dict[int, LogEvent]) -> dict[int, int]:
+    """Each rank's last collective sequence number, from one kind of record only, so that like is compared with like.
+
+    A full record (Flight Recorder, NCCL's per-collective lines) says how far a rank got; "last enqueued work" says
+    the same in a watchdog report; the SeqNum of a watchdog timeout only says where a rank waited, and the rank may
+    have enqueued more after it. Mixing them would take a rank that reported only its timeout for one behind.
+    """
+    full: dict[int, int] = {}
+    timed_out: dict[int, int] = {}
+    for r, v in facts.ranks.items():
+        for c in v.collectives:
+            if c.seq is None or c.op in ("send", "recv"):
+                continue
+            if c.origin in ("flight_recorder", "nccl_log"):
+                full[r] = max(full.get(r, c.seq), c.seq)
+            else:
+                timed_out[r] = max(timed_out.get(r, c.seq), c.seq)
+    enqueued = {
+        r: e.fields["last_enqueued"] for r, e in progress.items() if isinstance(e.fields.get("last_enqueued"), int)
+    }
+    ws = facts.world_size or 0
+    usable = [m for m in (full, enqueued, timed_out) if len(m) >= 2 or (ws and m)]
+    for m in usable:  # the first kind of record that shows a rank behind speaks; else the most complete one
+        if len(set(m.values())) > 1:
+            return m
+    return usable[0] if usable else {}
+
+
 @playbook("sequence_divergence", order=60)
 def sequence_divergence(facts: Facts) -> Iterator[Match]:
     """From Flight Recorder, NCCL and watchdog records: which rank's collective sequence diverged?"""
@@ -475,11 +503,7 @@ def sequence_divergence(facts: Facts) -> Iterator[Match]:
             if c.seq is not None and c.op not in ("send", "recv"):
                 per_rank[r][c.seq] = c
     progress = {e.rank: e for e in facts.ev.events_of("work_progress") if e.rank is not None}
-    last = {r: max(seqs) for r, seqs in per_rank.items() if seqs}
-    for r, e in progress.items():
-        le = e.fields.get("last_enqueued")
-        if isinstance(le, int):
-            last[r] = max(last.get(r, le), le)
+    last = _comparable_last(facts, progress)
     ws = facts.world_size or 0
     if len(last) < 2 and not (ws and last):
         return
