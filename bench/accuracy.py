@@ -1,6 +1,7 @@
 """Accuracy of hangdx on the hang zoo: every fault, diagnosed live, against what was injected.
 
     python bench/accuracy.py [--faults a,b] [--repeat N]
+    python bench/accuracy.py --real      # the real-world corpus instead (bench/real.py)
 
 Prints: scenario, expected category, found category, culprit right, seconds from the start of
 `hangdx diagnose` to the verdict (the whole command, Python start-up included), peak memory of the
@@ -48,7 +49,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--faults", help="comma-separated faults (default: all)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--real", action="store_true", help="the real-world corpus in tests/fixtures/real/")
     args = ap.parse_args()
+    if args.real:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import real
+
+        print(real.table([real.analyze(c) for c in real.cases()]))
+        return 0
     faults = args.faults.split(",") if args.faults else list(FAULTS)
     rows = []
     for fault in faults:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from hangdx.playbooks import engine
 from hangdx.playbooks.verdict import Verdict
@@ -83,6 +84,24 @@ def diagnose(
     verdict = verdict_of(docs, job_id)
     verdict.elapsed_seconds = time.monotonic() - started
     return verdict, docs
+
+
+def analyze_texts(parts: list[tuple[str, BinaryIO]]) -> Verdict:
+    """Diagnose what a person pasted or uploaded (Slack messages, files): each part streamed by the one reader.
+
+    The verdict's `read` says which parts were read as what and which lines were skipped; a part that holds no
+    evidence is a gap. Caps (how many parts, how many bytes) belong to the caller, who knows where they came from.
+    """
+    from hangdx.probes import reader
+    from hangdx.probes.model import Evidence, Source
+
+    started = time.monotonic()
+    ev = Evidence()
+    for name, stream in parts:
+        reader.read_any(stream, Source(name), ev, limit=reader.STDIN_MAX)
+    verdict = engine.run(ev)
+    verdict.elapsed_seconds = time.monotonic() - started
+    return verdict
 
 
 def ssh_targets(job_id: str | None, how: str, opts: DiagnoseOptions) -> tuple[list[HostSpec], SshSettings]:

@@ -1,0 +1,70 @@
+"""The real-world corpus: artifacts copied from public bug reports (tests/fixtures/real/, see its README).
+
+Each case's sidecar names the category the thread confirmed and the culprit a careful reader of the artifact alone
+could name; `hangdx analyze` on the artifact must find them. `python bench/accuracy.py --real` prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hangdx.playbooks import engine
+from hangdx.probes.bundle import evidence_from_paths
+
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+CASES = sorted(REAL.glob("*.yaml"))
+CATEGORIES = {
+    "conditional_collective", "collective_mismatch", "rank_crashed", "dataloader_stall", "io_stall",
+    "user_deadlock", "p2p_deadlock", "ddp_unused_parameters", "gpu_fault", "network_fault",
+    "comm_init_failure", "straggler", "unknown",
+}  # fmt: skip
+
+
+def _meta(side: Path) -> dict:
+    return yaml.safe_load(side.read_text())
+
+
+@pytest.mark.parametrize("side", CASES, ids=[c.stem for c in CASES])
+def test_a_real_case_gets_the_category_and_culprit_its_thread_confirmed(side):
+    meta = _meta(side)
+    v = engine.run(evidence_from_paths([str(side.with_suffix(".log"))]))
+    rc = v.root_cause
+    assert rc is not None
+    assert rc.category == meta["category"], f"{meta['url']}: {rc.summary}"
+    culprit = meta.get("culprit") or {}
+    if culprit.get("ranks"):
+        assert sorted(set(rc.culprit.ranks)) == sorted(set(culprit["ranks"])), rc.summary
+    if culprit.get("hosts"):
+        assert set(culprit["hosts"]) <= set(rc.culprit.hosts), rc.summary
+
+
+def test_every_case_has_its_artifact_a_source_and_a_known_category():
+    assert len(CASES) >= 60
+    per: dict[str, int] = {}
+    for side in CASES:
+        meta = _meta(side)
+        assert side.with_suffix(".log").is_file(), side
+        assert str(meta["url"]).startswith("https://"), side
+        assert meta["category"] in CATEGORIES, side
+        assert meta.get("confirmed_cause") and meta.get("confirmed_by"), side
+        per[meta["category"]] = per.get(meta["category"], 0) + 1
+    thin = {c: n for c, n in per.items() if n < 4 and c != "unknown"}
+    assert not thin, thin
+
+
+def test_the_command_line_reads_a_real_paste_from_standard_input():
+    side = next(s for s in CASES if _meta(s)["category"] != "unknown")
+    r = subprocess.run(
+        [sys.executable, "-m", "hangdx", "analyze", "-", "--json"],
+        input=side.with_suffix(".log").read_bytes(),
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["root_cause"]["category"] == _meta(side)["category"]
