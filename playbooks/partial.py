@@ -104,7 +104,7 @@ def one_process(facts: Facts) -> Iterator[Match]:
             Culprit(
                 ranks=[p.rank] if p.rank is not None else [],
                 hosts=[p.host] if p.host else [],
-                processes=[p.name()] if p.rank is None else [],
+                processes=[p.name()] if p.rank is None and (p.pid is not None or p.host) else [],
             ),
             evidence,
             {

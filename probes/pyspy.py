@@ -30,7 +30,8 @@ KIND = "pyspy"
 
 _PROCESS = re.compile(r"^Process (\d+): (.*)$")
 _PYTHON = re.compile(r"^Python v(\S+)")
-_THREAD = re.compile(r"^Thread (0x[0-9A-Fa-f]+|\d+) \(([a-z+]+)\)(?:: \"(.*)\")?\s*$")
+# (A paste may lose the thread id: `Thread (idle): "MainThread"`.)
+_THREAD = re.compile(r"^Thread (?:(0x[0-9A-Fa-f]+|\d+) )?\(([a-z+]+)\)(?:: \"(.*)\")?\s*$")
 _FRAME = re.compile(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
 _LOCAL = re.compile(r"^ {12}([^:]+): (.*)$")
 _MARKER = re.compile(r"^# hangdx stack-sample (.*)$")
@@ -143,8 +144,8 @@ def _parse_text(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
         if m:
             if dump is None:
                 dump = start_dump(None, None)
-            raw_id = m.group(1)
-            tid = int(raw_id, 16) if raw_id.startswith("0x") else _int(raw_id)
+            raw_id = m.group(1) or ""
+            tid = int(raw_id, 16) if raw_id.startswith("0x") else _int(raw_id or None)
             thread = ThreadStack(
                 tid=tid,
                 name=m.group(3) or "",
