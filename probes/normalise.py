@@ -90,6 +90,8 @@ class Normaliser:
         """The clean line(s) of one raw line: none for fences and elisions, two where a bar hid a message."""
         text = overwritten(strip_ansi(raw))
         rank = host = pid = label = None
+        if text.startswith("`") and not text.startswith("``"):  # a line quoted as inline code in a chat
+            text = text[1:].removesuffix("``").removesuffix("`")
         for _ in range(6):  # prefixes nest (`node3: [rank12]: ...`); each is taken off once
             stripped = text.lstrip(" ") if text.startswith(" ") and text.lstrip(" ")[:1] in "[(" else text
             m = _TORCHRUN.match(stripped)
