@@ -8,6 +8,7 @@ Each playbook's words live in templates/<name>.j2.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -482,7 +483,9 @@ def _comparable_last(facts: Facts, progress: dict[int, LogEvent]) -> dict[int, i
             else:
                 timed_out[r] = max(timed_out.get(r, c.seq), c.seq)
     enqueued = {
-        r: e.fields["last_enqueued"] for r, e in progress.items() if isinstance(e.fields.get("last_enqueued"), int)
+        r: e.fields["last_enqueued"]
+        for r, e in progress.items()
+        if isinstance(e.fields.get("last_enqueued"), int)
     }
     ws = facts.world_size or 0
     usable = [m for m in (full, enqueued, timed_out) if len(m) >= 2 or (ws and m)]
@@ -716,15 +719,19 @@ def rank_exception(facts: Facts) -> Iterator[Match]:
     """Offline: did a rank raise while the others waited (a timeout names the victims, the traceback the culprit)?"""
     if facts.have_stacks:
         return
-    excs = [e for e in facts.ev.events_of("exception") if e.rank is not None]
+    excs = [e for e in facts.ev.events_of("exception") if e.rank is not None and not _is_comm_error(e)]
+    # Deaths a process announces itself: a CUDA OOM, a CUDA error (illegal access), a segfault, the OOM killer.
+    excs += [e for e in facts.ev.events_of(*_FATAL_KINDS) if e.rank is not None]
     timeouts = facts.ev.events_of("watchdog_timeout", "gloo_timeout", "connection_closed")
     victims = {e.rank for e in timeouts if e.rank is not None}
-    first = [e for e in excs if e.rank not in victims and not _is_comm_error(e)]
+    fatal_ranks = {e.rank for e in excs if e.kind in _FATAL_KINDS}
+    first = [e for e in excs if e.rank not in victims or e.rank in fatal_ranks]
     if not first:
         return
     ranks = sorted({e.rank for e in first if e.rank is not None})
+    hardware = [e for e in first if _HW_WORDS.search(str(e.fields.get("error", "")) + e.quote.text)]
     yield Match(
-        "rank_crashed",
+        "gpu_fault" if hardware and len(hardware) == len(first) else "rank_crashed",
         0.7,
         Culprit(ranks=ranks, hosts=_hosts_of_events(first)),
         [e.quote for e in first[:4]] + [e.quote for e in timeouts[:2]],
@@ -740,6 +747,11 @@ def rank_exception(facts: Facts) -> Iterator[Match]:
         status="failed",
         template="rank_gone",
     )
+
+
+_FATAL_KINDS = ("cuda_oom", "cuda_error", "segfault", "oom_kill")
+# A CUDA error that means the GPU itself failed, not the program.
+_HW_WORDS = re.compile(r"uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|Xid", re.I)
 
 
 def _is_comm_error(e: LogEvent) -> bool:

@@ -111,6 +111,7 @@ _TELLTALES = (
     "ChildFailedError",
     "closing signal SIG",
     "CUDA out of memory",
+    "CUDA error: ",
     "Setting OMP_NUM_THREADS environment variable for each process",
 )
 
@@ -334,6 +335,8 @@ def _one(ln: _Line, st: _State) -> None:
         _progress(ln, st)
         return
     _traceback(ln, st)
+    if "CUDA error: " in ln.msg or "CUDA driver error: " in ln.msg:
+        _cuda_error(ln, st)
     _desync(ln, st)
     _torchrun_summary(ln, st)
     msg = ln.msg
@@ -718,6 +721,16 @@ def _process_exit(ln: _Line, st: _State) -> None:
     m = _PROC_SIGNAL.search(ln.msg)
     if m:
         _add(st, "process_exit", ln, pid=int(m.group(1)), action="closing_signal", signal=m.group(2))
+
+
+_CUDA_ERROR = re.compile(r"CUDA (?:driver )?error: ([^.\n]{1,200})")
+
+
+def _cuda_error(ln: _Line, st: _State) -> None:
+    """`CUDA error: an illegal memory access was encountered`: the process that prints it dies of it."""
+    m = _CUDA_ERROR.search(ln.msg)
+    if m and _once(st, "cuda_error", _rank_of(ln, st), m.group(1).strip()):
+        _add(st, "cuda_error", ln, error=m.group(1).strip())
 
 
 def _oom(ln: _Line, st: _State) -> None:
