@@ -112,6 +112,10 @@ _TELLTALES = (
     "closing signal SIG",
     "CUDA out of memory",
     "CUDA error: ",
+    "RendezvousConnectionError",
+    "RendezvousTimeoutError",
+    "DistStoreError",
+    "client socket has timed out",
     "Setting OMP_NUM_THREADS environment variable for each process",
 )
 
@@ -337,6 +341,8 @@ def _one(ln: _Line, st: _State) -> None:
     _traceback(ln, st)
     if "CUDA error: " in ln.msg or "CUDA driver error: " in ln.msg:
         _cuda_error(ln, st)
+    if _RDZV_WORDS.search(ln.msg):
+        _rendezvous(ln, st)
     _desync(ln, st)
     _torchrun_summary(ln, st)
     msg = ln.msg
@@ -721,6 +727,35 @@ def _process_exit(ln: _Line, st: _State) -> None:
     m = _PROC_SIGNAL.search(ln.msg)
     if m:
         _add(st, "process_exit", ln, pid=int(m.group(1)), action="closing_signal", signal=m.group(2))
+
+
+# c10d store, rendezvous and socket failures: the job never got through set-up.
+_RDZV_WORDS = re.compile(
+    r"Rendezvous\w*Error|DistStoreError|client socket has timed out|waiting for (?:clients|workers)"
+    r"|Socket Timeout|(?:connect|connection) to \S+ (?:failed|refused)|Connection refused"
+)
+_STORE_TARGET = re.compile(
+    r"(?:connect to|connection to) \(?\[?([\w.\-:]{1,253}?)\]?,? ?:?(\d{1,5})?\)?[ .,]"
+)
+_JOINED = re.compile(r"(\d{1,7})/(\d{1,7}) (?:clients|workers) joined")
+
+
+def _rendezvous(ln: _Line, st: _State) -> None:
+    """A store or rendezvous that timed out or refused: who did not join, where it tried to connect."""
+    msg = ln.msg
+    kind = "rendezvous_timeout" if "Rendezvous" in msg else "store_timeout"
+    if not _once(st, kind, _rank_of(ln, st), msg[:200]):
+        return
+    fields: dict[str, Any] = {}
+    m = _JOINED.search(msg)
+    if m:
+        fields.update(joined=int(m.group(1)), expected=int(m.group(2)))
+    t = _STORE_TARGET.search(msg)
+    if t:
+        fields["target"] = t.group(1) + (f":{t.group(2)}" if t.group(2) else "")
+    if "refused" in msg:
+        fields["refused"] = True
+    _add(st, kind, ln, **fields)
 
 
 _CUDA_ERROR = re.compile(r"CUDA (?:driver )?error: ([^.\n]{1,200})")
