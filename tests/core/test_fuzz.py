@@ -41,7 +41,7 @@ KINDS = {m.KIND: m for m in parsers()}
 CORPUS = [
     (d.name, f.name, f.read_bytes())
     for d in sorted(FIXTURES.iterdir())
-    if d.name in KINDS  # a folder per artifact kind (real/ holds whole pastes: tests/core/test_real_corpus.py)
+    if d.name in KINDS  # a folder per artifact kind (real/ is whole pastes: tests/core/test_real_corpus.py)
     for f in sorted(d.iterdir())
     if f.suffix not in (".md", ".py", ".source")
 ]
