@@ -58,6 +58,9 @@ class Line:
     host: str | None = None
     pid: int | None = None
     label: str | None = None  # a `grep -H` file name or a pod, when one was given
+    torchrun: str = (
+        ""  # torchrun's own `[rank3]:` prefix as printed, which log parsers read (and quote) themselves
+    )
 
 
 def strip_ansi(text: str) -> str:
@@ -90,13 +93,14 @@ class Normaliser:
         """The clean line(s) of one raw line: none for fences and elisions, two where a bar hid a message."""
         text = overwritten(strip_ansi(raw))
         rank = host = pid = label = None
+        lead = ""
         if text.startswith("`") and not text.startswith("``"):  # a line quoted as inline code in a chat
             text = text[1:].removesuffix("``").removesuffix("`")
         for _ in range(6):  # prefixes nest (`node3: [rank12]: ...`); each is taken off once
             stripped = text.lstrip(" ") if text.startswith(" ") and text.lstrip(" ")[:1] in "[(" else text
             m = _TORCHRUN.match(stripped)
             if m:
-                rank, text = int(m.group(1)), stripped[m.end() :]
+                rank, text, lead = int(m.group(1)), stripped[m.end() :], m.group(0)
                 continue
             m = _POD.match(text)
             if m:
@@ -141,15 +145,21 @@ class Normaliser:
         out = []
         m = _BAR_END.search(text) if "/" in text and "[" in text else None
         if m and text[m.end() :].strip():
-            out.append(Line(no, text[: m.end()], rank, host, pid, label))
+            out.append(Line(no, text[: m.end()], rank, host, pid, label, lead))
             rest = self.line(no, text[m.end() :])
             return out + [
                 Line(
-                    r.no, r.text, r.rank if r.rank is not None else rank, r.host or host, r.pid or pid, label
-                )
+                    r.no,
+                    r.text,
+                    r.rank if r.rank is not None else rank,
+                    r.host or host,
+                    r.pid or pid,
+                    label,
+                    r.torchrun,
+                )  # fmt: skip
                 for r in rest
             ]
-        return [Line(no, text.rstrip(), rank, host, pid, label)]
+        return [Line(no, text.rstrip(), rank, host, pid, label, lead)]
 
     def _is_gutter(self, n: int, rest: str) -> bool:
         """`[1743] text`: a log viewer's line numbers, told apart from `[3] Timeout at collective` by counting up."""

@@ -317,7 +317,7 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
         for ln in norm.line(no, raw.decode("utf-8", errors="replace").replace("\x00", "")):
             if pending is not None:
                 ln = Line(pending.no, pending.text + " " + ln.text.lstrip(), pending.rank, pending.host,
-                          pending.pid, pending.label)  # fmt: skip
+                          pending.pid, pending.label, pending.torchrun)  # fmt: skip
                 pending = None
             if joins_next(ln.text):
                 pending = ln
@@ -438,7 +438,8 @@ def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
 def _region(mod: ModuleType, lines: list[Line], src: Source, ev: Evidence) -> None:
     """One region to its parser: log lines carry their own rank (a third item); other kinds get it as Source."""
     if family(mod.KIND) == "nccl_log":
-        parts = [(src.rank, [(ln.no, ln.text, ln.rank) for ln in lines])]
+        # torchrun's `[rankN]:` goes back on: the log parsers read it, and the quote then shows who said it.
+        parts = [(src.rank, [(ln.no, ln.torchrun + ln.text, ln.rank) for ln in lines])]
     else:
         parts = [(r, [(ln.no, ln.text) for ln in run]) for r, run in _runs_by_rank(lines)]
     for rank, numbered in parts:
