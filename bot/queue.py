@@ -282,8 +282,17 @@ PROGRESS_EVERY = 2.0  # seconds between progress edits of the parent message (Sl
 
 def _progress_reporter(store: IncidentStore, job: str) -> Callable[[int, int], None]:
     """progress(done, total) -> the notifier's `progress` (if it has one), at most every PROGRESS_EVERY s."""
-    show = getattr(get_notifier(), "progress", None)
+    notifier = get_notifier()
+    show = getattr(notifier, "progress", None)
     last = [0.0]
+    begin = getattr(notifier, "begin", None)
+    if begin is not None:
+        try:
+            inc = store.get(job)
+            if inc is not None:
+                begin(inc)
+        except Exception:  # noqa: BLE001 - progress is a courtesy: it never stops a diagnosis
+            log.warning("job %s: could not reset the progress of its parent message", job, exc_info=True)
 
     def progress(done: int, total: int) -> None:
         now = time.monotonic()

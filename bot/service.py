@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from typing import Any
 
@@ -211,19 +212,37 @@ class SlackNotifier:
 
     def __init__(self, client: WebClient) -> None:
         self.client = client
+        # The parent message's edits, one at a time per thread: a progress edit still in flight (or being retried
+        # after a 429) finishes before the verdict's edit starts, and none starts after it: the verdict is last.
+        self._guard = threading.Lock()
+        self._edits: dict[str, threading.Lock] = {}
+        self._final: set[str] = set()
+
+    def _edit_lock(self, thread_ts: str) -> threading.Lock:
+        with self._guard:
+            return self._edits.setdefault(thread_ts, threading.Lock())
+
+    def begin(self, incident: Incident) -> None:
+        """A new diagnosis of this incident starts: its progress may be shown again."""
+        if incident.thread_ts:
+            with self._edit_lock(incident.thread_ts):
+                self._final.discard(incident.thread_ts)
 
     def progress(self, incident: Incident, done: int, total: int) -> None:
-        """Edit the incident's parent message in place as hosts report."""
+        """Edit the incident's parent message in place as hosts report; never after its verdict."""
         if not (incident.channel and incident.thread_ts):
             return
-        try:
-            self.client.chat_update(
-                channel=incident.channel,
-                ts=incident.thread_ts,
-                text=progress_text(incident.job_id, total, done),
-            )
-        except (SlackApiError, OSError) as e:
-            log.warning("chat.update (progress) failed: %s", e)
+        with self._edit_lock(incident.thread_ts):
+            if incident.thread_ts in self._final:
+                return
+            try:
+                self.client.chat_update(
+                    channel=incident.channel,
+                    ts=incident.thread_ts,
+                    text=progress_text(incident.job_id, total, done),
+                )
+            except (SlackApiError, OSError) as e:
+                log.warning("chat.update (progress) failed: %s", e)
 
     def say(self, incident: Incident, text: str) -> None:
         """A line in the incident's thread (the reaper's "queued again" or "interrupted")."""
@@ -250,12 +269,14 @@ class SlackNotifier:
             text=verdict_text(verdict),
         )
         if incident.thread_ts:
-            try:
-                self.client.chat_update(
-                    channel=incident.channel, ts=incident.thread_ts, text=verdict_text(verdict)
-                )
-            except SlackApiError as e:
-                log.warning("chat.update failed: %s", e.response.get("error"))
+            with self._edit_lock(incident.thread_ts):
+                self._final.add(incident.thread_ts)
+                try:
+                    self.client.chat_update(
+                        channel=incident.channel, ts=incident.thread_ts, text=verdict_text(verdict)
+                    )
+                except (SlackApiError, OSError) as e:
+                    log.warning("chat.update failed: %s", e)
 
 
 @functools.lru_cache(maxsize=1)
