@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hangdx.playbooks.verdict import Culprit, Verdict
+from hangdx.playbooks.wording import name_set, number_set
 
 _STATUS_STYLE = {
     "hung": "bold red",
@@ -22,15 +23,13 @@ _STATUS_STYLE = {
 def culprit_text(c: Culprit) -> str:
     parts = []
     if c.ranks:
-        parts.append(
-            ("rank " if len(c.ranks) == 1 else "ranks ") + ", ".join(str(r) for r in sorted(set(c.ranks)))
-        )
+        parts.append(("rank " if len(set(c.ranks)) == 1 else "ranks ") + number_set(c.ranks))
     if c.hosts:
-        parts.append(("host " if len(c.hosts) == 1 else "hosts ") + ", ".join(c.hosts))
+        parts.append(("host " if len(c.hosts) == 1 else "hosts ") + name_set(c.hosts))
     if c.gpus:
-        parts.append("GPU " + ", ".join(c.gpus))
+        parts.append("GPU " + name_set(c.gpus))
     if c.links:
-        parts.append("link " + ", ".join(c.links))
+        parts.append("link " + name_set(c.links))
     if c.processes and not c.ranks:
         parts.append(("process " if len(c.processes) == 1 else "processes ") + ", ".join(c.processes))
     return "; ".join(parts) or "none named"

@@ -17,6 +17,7 @@ import jinja2
 
 from hangdx.playbooks.facts import Facts, derive
 from hangdx.playbooks.verdict import Culprit, Finding, Verdict
+from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import Evidence, Quote
 
 MAX_EVIDENCE = 12
@@ -71,7 +72,7 @@ _env = jinja2.Environment(
     lstrip_blocks=True,
     autoescape=False,
 )
-_env.filters["ranks"] = lambda rs: ", ".join(str(r) for r in sorted(rs))
+_env.filters["ranks"] = number_set  # `0-776 and 778-1023 (1,023 ranks)`: a summary stays short at any scale
 _env.filters["plural"] = lambda n, word, many=None: word if n == 1 else (many or word + "s")
 
 

@@ -511,4 +511,6 @@ def _progress(ranks: dict[int, RankView], crowd_ranks: list[int]) -> tuple[bool 
 
 
 def _fmt(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in sorted(ranks))
+    from hangdx.playbooks.wording import number_set
+
+    return number_set(ranks)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts, RankView, call_site, user_frame
 from hangdx.playbooks.verdict import Culprit
+from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import LogEvent, Quote
 
 WAITING = ("collective", "p2p", "init")
@@ -416,7 +417,7 @@ def _seq_note(facts: Facts, ranks: list[int]) -> str:
         return ""
     top = max(c.seq for c in others)
     at_top = sorted({c.op for c in others if c.seq == top})
-    names = ", ".join(str(r) for r in ranks)
+    names = number_set(ranks)
     if all(c.seq == top for c in mine) and {c.op for c in mine} - set(at_top):
         ops = ", ".join(sorted({c.op for c in mine}))
         return f"Collective records agree: at #{top} rank {names} issued {ops} where the others issued {', '.join(at_top)}"
