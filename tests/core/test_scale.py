@@ -15,41 +15,11 @@ import pytest
 
 from hangdx.playbooks import engine
 from hangdx.probes.bundle import evidence_from_paths
-
-COMM = {r: f"0x55d4c8a1e{r:03x}" for r in range(8)}
-PROCS = [(f"gpu-node-0{r // 4}", 1000 + r, r % 4, r) for r in range(8)]
+from hangdx.zoo import biglog
 
 
-def nccl_log(path: Path, ops: int, mapping: bool = True, behind: int = 5, lag: int = 3) -> Path:
-    """8 ranks on 2 hosts; every rank's AllReduce lines, rank `behind` stopping `lag` collectives early."""
-    with path.open("wb") as f:
-        if mapping:
-            for h, pid, dev, _r in PROCS:
-                f.write(f"{h}:{pid}:{pid} [{dev}] NCCL INFO NCCL version 2.21.5+cuda12.4\n".encode())
-            for h, pid, dev, r in PROCS:
-                f.write(
-                    f"{h}:{pid}:{pid} [{dev}] NCCL INFO comm {COMM[r]} rank {r} nranks 8 cudaDev {dev} "
-                    f"nvmlDev {dev} busId 1b000 commId 0x5ae77eb5ea4ec1ee - Init COMPLETE\n".encode()
-                )
-
-        def block(first: int, last: int, skip_behind: bool) -> bytes:
-            out = []
-            for op in range(first, last):
-                for h, pid, dev, r in PROCS:
-                    if skip_behind and r == behind:
-                        continue
-                    out.append(
-                        f"{h}:{pid}:{pid} [{dev}] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x7f3bfe7f5400 "
-                        f"recvbuff 0x7f3bfe7f5400 count 7382228 datatype 9 op 0 root 0 comm {COMM[r]} "
-                        f"[nranks=8] stream 0x55d4c7f0e5e0\n"
-                    )
-            return "".join(out).encode()
-
-        step = 20000
-        for start in range(0, ops - lag, step):
-            f.write(block(start, min(start + step, ops - lag), False))
-        f.write(block(ops - lag, ops, True))
-    return path
+def nccl_log(path: Path, ops: int, mapping: bool = True) -> Path:
+    return biglog.write(path, ops, mapping=mapping)
 
 
 def verdict(*paths: Path) -> dict:

@@ -1,0 +1,104 @@
+"""Big evidence: `hangdx analyze` time and peak memory against log size and rank count, grep as the floor.
+
+    python bench/scale.py [--sizes 15,150,1500] [--ranks 64,1024,4096] [--keep]
+
+Logs are NCCL INFO logs of 8 ranks on 2 hosts in NCCL's own format (hangdx/zoo/biglog.py), rank 5 three
+collectives behind; generated in a temporary folder, deleted after. Each row: the verdict (right when it is
+conditional_collective, rank 5), seconds of the whole `hangdx analyze` command (Python start-up included), its peak
+resident memory, and `grep -c opCount` on the same file in the same run. Rank rows: one py-spy dump per rank, one
+rank (777, or the last) in torch.save while the others wait in all_reduce. Targets: the verdict right at every
+size; time at most 3x grep; peak memory under 300 MB whatever the size; time linear in ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hangdx.zoo import biglog
+
+PYSPY = """Process {pid}: /usr/bin/python3.11 -u train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread {pid} (idle): "MainThread"
+{frames}
+"""
+WAIT = "    all_reduce (torch/distributed/distributed_c10d.py:3252)\n    train_step (train.py:41)\n"
+SAVE = "    _save (torch/serialization.py:966)\n    save (torch/serialization.py:964)\n    save_checkpoint (train.py:60)\n"
+
+
+def run(args: list[str], stdin: Path | None = None) -> tuple[dict | None, float, float]:
+    """(verdict, seconds, peak MB of that process)."""
+    t0 = time.monotonic()
+    with open(stdin, "rb") if stdin else open(os.devnull, "rb") as inp:
+        proc = subprocess.Popen([sys.executable, "-m", "hangdx", *args], stdin=inp, stdout=subprocess.PIPE)
+        out = proc.stdout.read() if proc.stdout else b""
+        _, _, usage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - t0
+    try:
+        return json.loads(out), seconds, usage.ru_maxrss / 1024
+    except ValueError:
+        return None, seconds, usage.ru_maxrss / 1024
+
+
+def grep_seconds(path: Path) -> float:
+    t0 = time.monotonic()
+    subprocess.run(["grep", "-c", "opCount", str(path)], capture_output=True)
+    return time.monotonic() - t0
+
+
+def verdict_cell(v: dict | None, rank: int) -> str:
+    if not v or not v.get("root_cause"):
+        return "no verdict"
+    rc = v["root_cause"]
+    right = rc["culprit"]["ranks"] == [rank]
+    return f"{rc['category']} {rc['culprit']['ranks']} {'right' if right else 'WRONG'}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="15,150,1500", help="log sizes in MB")
+    ap.add_argument("--ranks", default="64,1024,4096")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hangdx-scale-") as tmp:
+        for mb in [int(x) for x in args.sizes.split(",") if x]:
+            log = biglog.write(Path(tmp) / f"nccl-{mb}mb.log", biglog.ops_for(mb << 20))
+            size = log.stat().st_size / 2**20
+            floor = grep_seconds(log)
+            for how in ("file", "stdin"):
+                v, secs, peak = (
+                    run(["analyze", str(log), "--json"])
+                    if how == "file"
+                    else run(["analyze", "-", "--json"], stdin=log)
+                )
+                rows.append((f"{size:,.0f} MB log ({how})", verdict_cell(v, 5), secs, peak, floor))
+            log.unlink()
+        for n in [int(x) for x in args.ranks.split(",") if x]:
+            d = Path(tmp) / f"ranks-{n}"
+            d.mkdir()
+            culprit = 777 if n > 777 else n - 1
+            for r in range(n):
+                text = PYSPY.format(pid=10000 + r, frames=SAVE if r == culprit else WAIT)
+                (d / f"rank{r}.txt").write_text(text)
+            v, secs, peak = run(["analyze", str(d), "--json"])
+            rows.append((f"{n:,} py-spy dumps", verdict_cell(v, culprit), secs, peak, None))
+    print(f"{'input':26} {'verdict':40} {'seconds':>8} {'peak MB':>8} {'grep -c s':>10} {'x grep':>7}")
+    print("-" * 104)
+    for name, verdict, secs, peak, floor in rows:
+        ratio = f"{secs / floor:7.1f}" if floor else "      -"
+        fl = f"{floor:10.2f}" if floor else "         -"
+        print(f"{name:26} {verdict:40} {secs:8.2f} {peak:8.1f} {fl} {ratio}")
+    print("-" * 104)
+    print("targets: verdict right at every size; <= 3x grep -c; < 300 MB; time linear in ranks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
