@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from hangdx.probes import reader
 from hangdx.probes.model import Evidence, HostProblem, Source
-from hangdx.probes.naming import host_from_path, rank_from_name
+from hangdx.probes.naming import host_from_path, local_rank_from_path, rank_from_name
 from hangdx.probes.registry import parse_artifact
 from hangdx.probes.text import MAX_TEXT_BYTES
 
@@ -234,12 +234,27 @@ def evidence_from_paths(paths: list[str], stdin: BinaryIO | bytes | None = None)
                 ev.gap(rel, str(e))
                 continue
             with fh:
-                src = Source(rel, host=host_from_path(rel), rank=rank_from_name(f.name))
+                src = Source(rel, host=host_from_path(rel), rank=_rank_of_file(rel, f.name, path))
                 try:
                     reader.read_any(fh, src, ev)
                 except OSError as e:
                     ev.gap(rel, f"unreadable: {e.strerror or e}")
     return ev
+
+
+def _rank_of_file(rel: str, name: str, root: Path) -> int | None:
+    """A file's rank from its name; in a torchrun `--log-dir` tree of one node, its local rank is its rank.
+
+    What the file says (a `[rankN]:` prefix, a process's RANK) wins over this: Source is only the default.
+    With the nodes' trees side by side (`node-a/<run>/attempt_0/3/...`) a local rank is no global rank: None.
+    """
+    rank = rank_from_name(name)
+    if rank is not None:
+        return rank
+    local = local_rank_from_path(rel)
+    if local is None or host_from_path(rel):
+        return None
+    return local
 
 
 def _open(f: Path, bundle_root: Path | None = None) -> BinaryIO:
