@@ -273,7 +273,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from hangdx.bot import slack_app
+    from hangdx.bot import server
     from hangdx.bot.config import ConfigError
     from hangdx.bot.incidents import StoreUnavailable
     from hangdx.bot.service import Service
@@ -286,7 +286,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         service = Service(cfg)
         for job in service.recover():  # diagnoses a restart cut off: said so in their threads
             sys.stderr.write(f"hangdx serve: the diagnosis of job {job} was interrupted; marked so\n")
-        slack_app.serve(
+        server.serve(
             cfg,
             service.submit,
             args.host,
@@ -295,6 +295,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             report=service.report,
             store=service.store,
             health=service.health,
+            analyze=service.analyze,
         )
     except (ConfigError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None

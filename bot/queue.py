@@ -42,7 +42,7 @@ from hangdx.bot import diagnosis
 from hangdx.bot.artifacts import save_stacks
 from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError
 from hangdx.bot.incidents import Incident, IncidentStore, StoreUnavailable, connect
-from hangdx.bot.request import DiagnoseRequest
+from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
 
 QUEUE = "hangdx"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -141,6 +141,22 @@ def queue_diagnosis(conn: redis.Redis, req: DiagnoseRequest, opts: DiagnoseOptio
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, StoreUnavailable) as e:
         raise StoreUnavailable(f"redis for the work queue is unavailable: {e}") from e
     return rq_id, not claimed
+
+
+def queue_analysis(conn: redis.Redis, req: AnalyzeRequest) -> str:
+    """Queue the reading of pasted evidence in Slack (bot/pasted.py); the RQ job id."""
+    try:
+        job = queue(conn).enqueue(
+            "hangdx.bot.pasted.run_analysis",
+            req.to_dict(),
+            job_timeout=300,
+            result_ttl=3600,
+            failure_ttl=7 * 24 * 3600,
+            description=f"analyze what was pasted ({req.source}, {req.requested_by})",
+        )
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        raise StoreUnavailable(f"redis for the work queue is unavailable: {e}") from e
+    return job.id
 
 
 def _enqueue(conn: redis.Redis, req: dict[str, Any], opts: dict[str, Any], rq_id: str) -> Job:

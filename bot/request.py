@@ -25,3 +25,22 @@ class DiagnoseRequest:
     def from_dict(cls, d: dict[str, Any]) -> DiagnoseRequest:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
+
+
+@dataclass
+class AnalyzeRequest:
+    """Diagnose what people pasted in Slack: a thread (`@hangdx analyze`) or one message (the shortcut)."""
+
+    channel: str
+    thread_ts: str  # the thread read, and answered in
+    requested_by: str  # a Slack user id
+    source: str  # "mention" or "shortcut"
+    message_ts: str | None = None  # the shortcut's one message; None reads the whole thread
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AnalyzeRequest:
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)

@@ -1,5 +1,5 @@
 """The bot's handler: a request becomes an incident with a Slack thread and a queued diagnosis; a finished
-diagnosis becomes a verdict in that thread. Slack specifics stay in slack_app.py and blocks.py."""
+diagnosis becomes a verdict in that thread. Slack specifics stay in bot/slack/"""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 
 from hangdx.bot.artifacts import load_stacks
-from hangdx.bot.blocks import (
+from hangdx.bot.config import BotConfig, ConfigError
+from hangdx.bot.diagnosis import DiagnoseOptions
+from hangdx.bot.incidents import Incident, IncidentStore, connect
+from hangdx.bot.queue import Reaper, check_settings, queue_analysis, queue_diagnosis, reap
+from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
+from hangdx.bot.slack.blocks import (
     escape,
     handoff_blocks,
     progress_text,
@@ -23,11 +28,6 @@ from hangdx.bot.blocks import (
     verdict_blocks,
     verdict_text,
 )
-from hangdx.bot.config import BotConfig, ConfigError
-from hangdx.bot.diagnosis import DiagnoseOptions
-from hangdx.bot.incidents import Incident, IncidentStore, connect
-from hangdx.bot.queue import Reaper, check_settings, queue_diagnosis, reap
-from hangdx.bot.request import DiagnoseRequest
 from hangdx.probes.collector import redact
 
 log = logging.getLogger("hangdx.service")
@@ -88,6 +88,10 @@ class Service:
                 text=f"Another {req.source} for job {req.job_id} from {who} joined this incident{also}.",
             )
         return rq_id
+
+    def analyze(self, req: AnalyzeRequest) -> str:
+        """`@hangdx analyze` or the shortcut: read what was pasted on a worker; the RQ job id that will answer."""
+        return queue_analysis(self.conn, req)
 
     def _make_thread(self, req: DiagnoseRequest, channel: str) -> Incident | None:
         """The incident's thread, made by exactly one of the requests racing for it; the others wait for it

@@ -283,7 +283,15 @@ _SHOWN = {
     "kernel_log": "kernel log",
     "nvidia_smi": "nvidia-smi",
     "ip_link": "ip link",
+    "torch_log": "Python/torch log or traceback",
+    "flight_recorder": "Flight Recorder dump",
+    "procstate": "ps table or /proc state",
 }
+
+
+def looked_for() -> str:
+    """The kinds hangdx reads, as a person names them: for a reply that found none of them."""
+    return ", ".join(_SHOWN.get(k, k) for k in sorted({m.KIND for m in registry.parsers()}))
 
 
 def _short(spans: list[str]) -> str:
@@ -509,10 +517,9 @@ def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = No
             src.name, f"read the first {limit:,} bytes of an input that did not end: the rest was not read"
         )
     if not any(r.kind for r in report.regions):
-        kinds = ", ".join(sorted({m.KIND for m in registry.parsers()}))
         ev.gap(
             src.name,
-            f"not a known artifact (text of {report.total_bytes} bytes): skipped (looked for {kinds})",
+            f"not a known artifact (text of {report.total_bytes} bytes): skipped (looked for {looked_for()})",
         )
     return report
 

@@ -9,6 +9,11 @@ Response shapes follow Slack's method docs (api.slack.com/methods/...): chat.pos
         WebClient(token="xoxb-...", base_url=slack.url)   # slack.url ends with "/api/"
         slack.fail("chat.postMessage", status=429, retry_after=1)
         slack.calls_to("chat.postMessage")[0].body["channel"]
+
+Threads and files, for what people paste: `slack.say(channel, text, user=..., thread_ts=..., files=[...])` adds a
+message a person wrote, `slack.upload(name, content, mimetype)` a file (served at its url_private_download only
+with a bot token, as files.slack.com does); conversations.replies answers with the thread's messages, root first,
+in the shape api.slack.com/methods/conversations.replies documents, paged by `limit` and `cursor`.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ class SlackStandin:
         self._ts = itertools.count(100)
         self._files = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
+        self.messages: dict[str, list[dict[str, Any]]] = {}  # channel -> messages, in order
+        self.uploads: dict[str, tuple[bytes, str]] = {}  # file id -> (content, mimetype)
 
     # -- lifecycle
     def start(self) -> SlackStandin:
@@ -112,6 +119,60 @@ class SlackStandin:
     def next_ts(self) -> str:
         return f"1700000000.{next(self._ts):06d}"
 
+    def say(
+        self,
+        channel: str,
+        text: str,
+        user: str = "U0PERSON01",
+        thread_ts: str | None = None,
+        files: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """A message a person posts (with files they uploaded): its ts."""
+        ts = self.next_ts()
+        message: dict[str, Any] = {"type": "message", "user": user, "text": text, "ts": ts, "team": TEAM_ID}
+        if thread_ts:
+            message["thread_ts"] = thread_ts
+        if files:
+            message["files"] = files
+            message["upload"] = True
+        with self._lock:
+            self.messages.setdefault(channel, []).append(message)
+        return ts
+
+    def upload(self, name: str, content: bytes, mimetype: str = "text/plain", filetype: str = "text") -> dict:
+        """A file as Slack describes it in a message's `files` (files.info's shape)."""
+        file_id = f"F0PASTED{next(self._files):04d}"
+        with self._lock:
+            self.uploads[file_id] = (content, mimetype)
+        url = f"{self.root}files-pri/{TEAM_ID}-{file_id}/download/{name}"
+        return {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": filetype,
+            "size": len(content),
+            "mode": "hosted",
+            "is_external": False,
+            "url_private": url.replace("/download/", "/"),
+            "url_private_download": url,
+        }
+
+    def _replies(self, body: dict[str, Any]) -> dict[str, Any]:
+        channel, ts = body.get("channel"), body.get("ts")
+        with self._lock:
+            msgs = list(self.messages.get(channel, []))
+        thread = [m for m in msgs if m["ts"] == ts or m.get("thread_ts") == ts]
+        if not any(m["ts"] == ts for m in thread):
+            return {"ok": False, "error": "thread_not_found"}
+        start = int(body.get("cursor") or 0)
+        limit = int(body.get("limit") or 1000)
+        page = thread[start : start + limit]
+        more = start + limit < len(thread)
+        out: dict[str, Any] = {"ok": True, "messages": page, "has_more": more}
+        out["response_metadata"] = {"next_cursor": str(start + limit) if more else ""}
+        return out
+
     # -- the server side
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
@@ -119,6 +180,8 @@ class SlackStandin:
         path = h.path.split("?", 1)[0].lstrip("/")
         method = path[len("api/") :] if path.startswith("api/") else path
         body = _decode(raw, h.headers.get("Content-Type", ""))
+        if "?" in h.path:  # GET methods (conversations.replies) send their arguments in the query
+            body = {**dict(parse_qsl(h.path.split("?", 1)[1])), **body}
         with self._lock:
             self.calls.append(Call(method, body, {k.lower(): v for k, v in h.headers.items()}, raw))
             failure = self._take_failure(method)
@@ -132,6 +195,14 @@ class SlackStandin:
             return _send(h, 200, None, text=f"OK - {len(raw)}")
         if method.startswith("respond/"):
             return _send(h, 200, None, text="ok")
+        if path.startswith("files-pri/"):
+            file_id = path.split("/")[1].rsplit("-", 1)[-1]
+            if not h.headers.get("Authorization", "").startswith("Bearer xox"):
+                return _send(h, 302, None, {"Location": "https://hangdx-test.slack.com/?redir=login"})
+            if file_id not in self.uploads:
+                return _send(h, 404, None, text="not found")
+            content, mimetype = self.uploads[file_id]
+            return _send_bytes(h, content, mimetype)
         if not path.startswith("api/"):
             return _send(h, 404, None, text="not found")
         if not h.headers.get("Authorization", "").startswith("Bearer xox"):
@@ -176,7 +247,11 @@ class SlackStandin:
                 message["blocks"] = _maybe_json(body["blocks"])
             if body.get("thread_ts"):
                 message["thread_ts"] = body["thread_ts"]
+            with self._lock:
+                self.messages.setdefault(str(channel), []).append(message)
             return {"ok": True, "channel": channel, "ts": ts, "message": message}
+        if method == "conversations.replies":
+            return self._replies(body)
         if method == "chat.update":
             return {
                 "ok": True,
@@ -249,5 +324,13 @@ def _send(
     h.send_header("Content-Length", str(len(data)))
     for k, v in (headers or {}).items():
         h.send_header(k, v)
+    h.end_headers()
+    h.wfile.write(data)
+
+
+def _send_bytes(h: BaseHTTPRequestHandler, data: bytes, content_type: str) -> None:
+    h.send_response(200)
+    h.send_header("Content-Type", content_type)
+    h.send_header("Content-Length", str(len(data)))
     h.end_headers()
     h.wfile.write(data)

@@ -29,7 +29,7 @@ from hangdx.bot.incidents import connect
 from hangdx.bot.queue import queue
 from hangdx.bot.request import DiagnoseRequest
 from hangdx.bot.service import Service, slack_client
-from hangdx.bot.slack_app import build_app
+from hangdx.bot.slack.app import build_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slack_standin import BOT_USER_ID, SlackStandin  # noqa: E402

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from hangdx.bot import slack_app
-from hangdx.bot.slack_app import MAX_ALERT_JOBS, MAX_ALERTS, MAX_SKIPPED
+from hangdx.bot import alerts
+from hangdx.bot.alerts import MAX_ALERT_JOBS, MAX_ALERTS, MAX_SKIPPED
 
 from .harness import (
     ALERT_TOKEN,
@@ -79,8 +79,8 @@ def test_the_token_in_the_url_instead_of_the_header_is_401(bot: LiveBot) -> None
 
 def test_the_token_is_compared_in_constant_time(bot: LiveBot, monkeypatch) -> None:
     compared: list[tuple[bytes, bytes]] = []
-    real = slack_app.hmac.compare_digest
-    monkeypatch.setattr(slack_app.hmac, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
+    real = alerts.hmac.compare_digest
+    monkeypatch.setattr(alerts.hmac, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
     assert bot.alert(GOOD, auth="Bearer wrong-token-0123456789").status_code == 401
     assert bot.alert(GOOD, auth="bearer " + ALERT_TOKEN).status_code == 202  # the scheme is case-blind
     assert compared == [

@@ -17,7 +17,8 @@ import redis
 import requests
 from werkzeug.serving import make_server
 
-from hangdx.bot.slack_app import SIGNATURE_MARGIN, SIGNATURE_WINDOW, SeenRequests, build_app
+from hangdx.bot.slack.app import build_app
+from hangdx.bot.slack.http import SIGNATURE_MARGIN, SIGNATURE_WINDOW, SeenRequests
 
 from .harness import (
     CHANNEL,

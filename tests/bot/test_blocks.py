@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hangdx.bot.blocks import help_blocks, progress_text, verdict_blocks, verdict_text
+from hangdx.bot.slack.blocks import help_blocks, progress_text, verdict_blocks, verdict_text
 from hangdx.playbooks import engine
 from hangdx.probes.bundle import evidence_from_paths
 

@@ -23,11 +23,12 @@ import requests
 from slack_sdk.signature import SignatureVerifier
 from werkzeug.serving import make_server
 
-from hangdx.bot.blocks import BLOCKS_MAX, HEADER_MAX, SECTION_MAX, handoff_blocks, status_blocks
 from hangdx.bot.config import BotConfig, ConfigError
 from hangdx.bot.incidents import Incident
 from hangdx.bot.schedule import HandoffScheduler, next_run
-from hangdx.bot.slack_app import build_app, post_handoff
+from hangdx.bot.server import post_handoff
+from hangdx.bot.slack.app import build_app
+from hangdx.bot.slack.blocks import BLOCKS_MAX, HEADER_MAX, SECTION_MAX, handoff_blocks, status_blocks
 from hangdx.playbooks import engine
 from hangdx.probes.bundle import evidence_from_paths
 
@@ -433,6 +434,13 @@ def test_slack_app_manifest_points_everything_at_slack_events() -> None:
         "chat:write.public",
         "app_mentions:read",
         "files:write",
+        "files:read",
+        "channels:history",
+        "groups:history",
         "users:read",
         "usergroups:read",
     }
+    from hangdx.bot.slack.shortcuts import ANALYZE
+
+    (shortcut,) = m["features"]["shortcuts"]
+    assert (shortcut["type"], shortcut["callback_id"]) == ("message", ANALYZE)

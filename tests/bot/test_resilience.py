@@ -23,7 +23,7 @@ from hangdx.bot.incidents import StoreUnavailable, connect
 from hangdx.bot.queue import queue
 from hangdx.bot.request import DiagnoseRequest
 from hangdx.bot.service import Service, SlackNotifier, slack_client
-from hangdx.bot.slack_app import build_app
+from hangdx.bot.slack.app import build_app
 
 from .test_incidents import REDIS, _free_port, redis_url  # noqa: F401  (the session's redis-server)
 from .test_slack_app import SECRET, Bot

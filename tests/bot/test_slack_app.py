@@ -22,9 +22,10 @@ import requests
 from slack_sdk.signature import SignatureVerifier
 from werkzeug.serving import make_server
 
+from hangdx.bot.alerts import AlertError, parse_alerts
 from hangdx.bot.config import BotConfig, ConfigError
 from hangdx.bot.request import DiagnoseRequest
-from hangdx.bot.slack_app import AlertError, build_app, parse_alerts
+from hangdx.bot.slack.app import build_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slack_standin import BOT_USER_ID, SlackStandin  # noqa: E402

@@ -1,4 +1,4 @@
-"""Socket Mode, as `hangdx serve` runs it with SLACK_APP_TOKEN set: slack_app.serve() opens the socket through
+"""Socket Mode, as `hangdx serve` runs it with SLACK_APP_TOKEN set: server.serve() opens the socket through
 apps.connections.open, and a /diagnose arriving over the websocket is acked and submitted.
 
 The Slack side is local: the Web API stand-in (tests/slack_standin.py) plus apps.connections.open, and a
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from hangdx.bot import slack_app
+from hangdx.bot import server
 from hangdx.bot.config import BotConfig
 from hangdx.bot.request import DiagnoseRequest
 
@@ -103,7 +103,7 @@ class Recorder:
 
 @pytest.fixture
 def served(monkeypatch) -> Iterator[tuple[SocketServer, SocketSlack, Recorder]]:
-    """slack_app.serve() in a thread, with its HTTP server and Socket Mode handler kept so they can stop."""
+    """server.serve() in a thread, with its HTTP server and Socket Mode handler kept so they can stop."""
     from slack_bolt.adapter import socket_mode
     from werkzeug import serving
 
@@ -133,7 +133,7 @@ def served(monkeypatch) -> Iterator[tuple[SocketServer, SocketSlack, Recorder]]:
         }
         rec = Recorder()
         thread = threading.Thread(
-            target=slack_app.serve,
+            target=server.serve,
             args=(BotConfig.from_env(env), rec.submit),
             kwargs={"port": 0},
             daemon=True,

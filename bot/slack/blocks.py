@@ -86,13 +86,13 @@ def progress_text(job_id: str, hosts_total: int, hosts_done: int) -> str:
 
 def verdict_text(verdict: dict[str, Any]) -> str:
     """The notification fallback: one line that says what is wrong and who."""
-    job = verdict.get("job_id") or "?"
+    job = f"job {verdict['job_id']}" if verdict.get("job_id") else "the job"
     status = str(verdict.get("status") or "unknown").upper()
     rc = verdict.get("root_cause")
     if not rc:
-        return clip(escape(f"hangdx: job {job} {status}: no root cause found"), SECTION_MAX)
+        return clip(escape(f"hangdx: {job} {status}: no root cause found"), SECTION_MAX)
     line = (
-        f"hangdx: job {job} {status}: {rc.get('category')} ({float(rc.get('confidence') or 0):.2f}), "
+        f"hangdx: {job} {status}: {rc.get('category')} ({float(rc.get('confidence') or 0):.2f}), "
         f"culprit {_culprit(rc.get('culprit'))}. {rc.get('summary') or ''}"
     )
     return clip(escape(line.strip()), SECTION_MAX)
@@ -128,12 +128,14 @@ def _actions_block(job_id: str) -> dict[str, Any]:
     return {"type": "actions", "block_id": "hangdx_actions", "elements": buttons}
 
 
-def verdict_blocks(verdict: dict[str, Any], job_id: str) -> list[dict[str, Any]]:
-    """The verdict message: status, root cause, culprit, summary, fix, evidence, next steps, buttons."""
+def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str, Any]]:
+    """The verdict message: status, root cause, culprit, summary, fix, evidence, next steps, and the buttons
+    of the job's incident (none for pasted evidence, `job_id` None)."""
     status = str(verdict.get("status") or "unknown")
     icon = _STATUS_ICON.get(status, "⚪")
+    title = f"Job {job_id}" if job_id else "Pasted evidence"
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": _plain(f"{icon} Job {job_id}: {status.upper()}", HEADER_MAX)}
+        {"type": "header", "text": _plain(f"{icon} {title}: {status.upper()}", HEADER_MAX)}
     ]
     rc = verdict.get("root_cause")
     findings = verdict.get("findings") or []
@@ -180,9 +182,42 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str) -> list[dict[str, Any]]
                 "elements": [{"type": "mrkdwn", "text": clip(c, SECTION_MAX)} for c in context],
             }
         )
+    if not job_id:
+        return blocks[:BLOCKS_MAX]
     blocks.append(_actions_block(job_id))
     # The actions block is last and must survive the cap.
     return blocks[: BLOCKS_MAX - 1] + [blocks[-1]] if len(blocks) > BLOCKS_MAX else blocks
+
+
+def analysis_blocks(verdict: dict[str, Any]) -> list[dict[str, Any]]:
+    """The verdict on pasted evidence, then which parts were read as what and which were skipped."""
+    said = []
+    read = [escape(r, 300) for r in verdict.get("read") or []]
+    if read:
+        said.append("Read: " + "; ".join(read[:8]) + (f"; and {len(read) - 8} more" if len(read) > 8 else ""))
+    skipped = [escape(s, 200) for s in verdict.get("skipped") or []]
+    if skipped:
+        more = f"; and {len(skipped) - 8} more" if len(skipped) > 8 else ""
+        said.append("Skipped: " + "; ".join(skipped[:8]) + more)
+    blocks = verdict_blocks(verdict, None)[: BLOCKS_MAX - 1]
+    if said:
+        blocks.append(
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(t, SECTION_MAX)} for t in said]}
+        )
+    return blocks
+
+
+def analysis_text(verdict: dict[str, Any]) -> str:
+    """The notification fallback for pasted evidence."""
+    rc = verdict.get("root_cause")
+    status = str(verdict.get("status") or "unknown").upper()
+    if not rc:
+        return clip(escape(f"hangdx: pasted evidence {status}: no root cause found"), SECTION_MAX)
+    line = (
+        f"hangdx: pasted evidence {status}: {rc.get('category')} ({float(rc.get('confidence') or 0):.2f}), "
+        f"culprit {_culprit(rc.get('culprit'))}. {rc.get('summary') or ''}"
+    )
+    return clip(escape(line.strip()), SECTION_MAX)
 
 
 def help_blocks() -> list[dict[str, Any]]:

@@ -1,0 +1,1 @@
+"""The Slack edge, one module per surface (commands, mentions, actions, shortcuts), wired in app.py."""

@@ -1,0 +1,48 @@
+"""`/diagnose <jobid> | status | handoff | help`: a slash command becomes a DiagnoseRequest or a report."""
+
+from __future__ import annotations
+
+from slack_bolt import App
+
+from hangdx.bot import access
+from hangdx.bot.request import DiagnoseRequest
+from hangdx.bot.slack.blocks import escape, help_blocks
+from hangdx.bot.slack.common import REPORTS, Surfaces, run_report, submitted
+
+
+def slash_text(text: str) -> tuple[str, str | None]:
+    """`/diagnose` text -> ("help", None) | ("status"|"handoff", None) | ("diagnose", job_id) | ("refuse", why)."""
+    text = (text or "").strip()
+    if text.lower() in ("", "help"):
+        return "help", None
+    if text.lower() in REPORTS:
+        return text.lower(), None
+    why = access.slack_job_refusal(text)
+    return ("refuse", why) if why else ("diagnose", text)
+
+
+def register(app: App, s: Surfaces) -> None:
+    @app.command("/diagnose")
+    def diagnose_command(ack, command, respond):
+        user, channel = command.get("user_id"), command.get("channel_id")
+        refusal = access.refusal(s.config, user, channel)
+        if refusal:
+            ack(text=refusal, response_type="ephemeral")
+            return
+        what, arg = slash_text(command.get("text", ""))
+        if what == "help":
+            ack(blocks=help_blocks(), text="hangdx: /diagnose <jobid>", response_type="ephemeral")
+            return
+        if what == "refuse":
+            ack(text=arg, response_type="ephemeral")
+            return
+        if what in REPORTS:
+            # Ack first: the report reads Redis, and Slack gives a slash command 3 seconds.
+            ack()
+            text, blocks = run_report(s.report, what)
+            kind = "in_channel" if what == "handoff" and blocks is not None else "ephemeral"
+            respond(text=text, blocks=blocks, response_type=kind, replace_original=False)
+            return
+        ack(text=f"Diagnosing job {escape(arg)}…", response_type="ephemeral")
+        req = DiagnoseRequest(job_id=arg, source="slash", requested_by=user, channel=channel)
+        submitted(s.submit, req, f"diagnosis of job {arg}", lambda said: respond(text=said))
