@@ -15,7 +15,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 
 from hangdx.bot.access import job_refusal
-from hangdx.bot.config import BotConfig, is_channel_id
+from hangdx.bot.config import DEFAULT_JOB_LABELS, BotConfig, is_channel_id
 from hangdx.bot.request import DiagnoseRequest
 from hangdx.bot.slack.blocks import clip
 from hangdx.probes.collector import redact
@@ -25,8 +25,8 @@ Submit = Callable[[DiagnoseRequest], str]
 
 # A host named by an alert reaches ssh and Slurm: a safe alphabet, never a leading dash (an ssh option).
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
-_JOB_LABELS = ("job_id", "slurm_job_id", "job")
-_HOST_LABELS = ("instance", "node", "host")
+# Labels naming the node that fired (DCGM exporter's is `Hostname`); any :port is taken off.
+_HOST_LABELS = ("instance", "node", "host", "hostname", "Hostname")
 MAX_ALERT_BYTES = 1 << 20  # any request body: Slack's are a few KiB, an Alertmanager group a few hundred
 MAX_ALERTS = 500  # alerts read from one payload; the rest are named in one line
 MAX_ALERT_JOBS = 20  # jobs diagnosed from one payload: an alert storm must not start a hundred diagnoses
@@ -86,7 +86,10 @@ def _bounded(skipped: list[str]) -> list[str]:
 
 
 def parse_alerts(
-    payload: Any, default_channel: str | None, allowed_channels: frozenset[str] = frozenset()
+    payload: Any,
+    default_channel: str | None,
+    allowed_channels: frozenset[str] = frozenset(),
+    job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS,
 ) -> tuple[list[DiagnoseRequest], list[str]]:
     """An Alertmanager webhook (v4) or `{"job_id", "hosts", "channel", "summary"}` -> requests, skip reasons.
 
@@ -95,7 +98,7 @@ def parse_alerts(
     if not isinstance(payload, dict):
         raise AlertError("expected a JSON object")
     if isinstance(payload.get("alerts"), list):
-        reqs, skipped = _parse_alertmanager(payload, default_channel)
+        reqs, skipped = _parse_alertmanager(payload, default_channel, job_labels)
         return reqs, _bounded(skipped)
     if "job_id" in payload:
         job_id = payload["job_id"]
@@ -125,7 +128,7 @@ def parse_alerts(
 
 
 def _parse_alertmanager(
-    payload: dict[str, Any], channel: str | None
+    payload: dict[str, Any], channel: str | None, job_labels: tuple[str, ...]
 ) -> tuple[list[DiagnoseRequest], list[str]]:
     by_job: dict[str, DiagnoseRequest] = {}
     skipped: list[str] = []
@@ -144,10 +147,14 @@ def _parse_alertmanager(
             continue
         labels = alert.get("labels") if isinstance(alert.get("labels"), dict) else {}
         ann = alert.get("annotations") if isinstance(alert.get("annotations"), dict) else {}
-        job_id = next((str(labels[k]) for k in _JOB_LABELS if labels.get(k)), None)
+        job_id = next((str(labels[k]) for k in job_labels if labels.get(k)), None)
         name = clip(str(labels.get("alertname") or f"alerts[{i}]"), 80)
         if job_id is None:
-            skipped.append(f"{name}: no job_id, slurm_job_id or job label")
+            skipped.append(
+                f"{name}: no {', '.join(job_labels[:-1])} or {job_labels[-1]} label"
+                if len(job_labels) > 1
+                else f"{name}: no {job_labels[0]} label"
+            )
             continue
         why = job_refusal(job_id)
         if why:
@@ -203,7 +210,9 @@ def register(flask_app: Flask, config: BotConfig, submit: Submit) -> None:
         except (ValueError, RecursionError):
             return json_error(400, "body is not JSON")
         try:
-            reqs, skipped = parse_alerts(payload, config.alert_channel, config.allowed_channels)
+            reqs, skipped = parse_alerts(
+                payload, config.alert_channel, config.allowed_channels, config.alert_job_labels
+            )
         except AlertError as e:
             return json_error(400, str(e))
         except RecursionError:

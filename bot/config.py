@@ -19,7 +19,12 @@ SETTINGS = (
     "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_API_URL", "REDIS_URL",
     "HANGDX_ALERT_CHANNEL", "HANGDX_ALERT_TOKEN", "HANGDX_RESOLVER", "HANGDX_ALLOWED_USERS",
     "HANGDX_ALLOWED_CHANNELS", "HANGDX_ALLOWED_GROUPS", "HANGDX_HANDOFF_TIME", "HANGDX_HANDOFF_CHANNEL",
+    "HANGDX_ALERT_JOB_LABELS",
 )  # fmt: skip
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # a Prometheus label name
+# Alert labels that carry the training job's id: never Prometheus's own `job` (the scrape job, on every alert).
+# `hpc_job` is what DCGM exporter's HPC job mapping (--hpc-job-mapping-dir) adds to its metrics.
+DEFAULT_JOB_LABELS = ("job_id", "slurm_job_id", "hangdx_job_id", "hpc_job")
 _HHMM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
 
 
@@ -88,6 +93,7 @@ class BotConfig:
     )  # user groups (S...) whose members may act
     # Who is in a user group: set by the Slack app (usergroups.users.list), cached there.
     group_members: Callable[[str], frozenset[str]] | None = field(default=None, repr=False, compare=False)
+    alert_job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BotConfig:
@@ -131,6 +137,10 @@ class BotConfig:
             raise ConfigError(
                 "HANGDX_HANDOFF_TIME is set but neither HANGDX_HANDOFF_CHANNEL nor HANGDX_ALERT_CHANNEL is"
             )
+        labels = tuple(x.strip() for x in (get("HANGDX_ALERT_JOB_LABELS") or "").split(",") if x.strip())
+        for label in labels:
+            if not _LABEL.fullmatch(label):
+                raise ConfigError(f"HANGDX_ALERT_JOB_LABELS: {label[:40]!r} is not a Prometheus label name")
         try:
             resolver = check_resolver(get("HANGDX_RESOLVER") or "local")
         except DiagnosisError as e:
@@ -150,6 +160,7 @@ class BotConfig:
             handoff_time=handoff_time,
             handoff_channel=handoff_channel,
             allowed_groups=_list(env.get("HANGDX_ALLOWED_GROUPS"), "HANGDX_ALLOWED_GROUPS", _GROUP),
+            alert_job_labels=labels or DEFAULT_JOB_LABELS,
         )
 
     def require_slack(self) -> None:

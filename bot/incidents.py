@@ -677,7 +677,8 @@ def verdict_markdown(v: dict[str, Any]) -> str:
     """render.markdown, from a stored Verdict.to_dict() rather than a Verdict."""
     findings = v.get("findings") or []
     rc = findings[0] if findings else None
-    out = [f"## hangdx: job {v.get('job_id') or '?'} is {v.get('status', '?')}", ""]
+    job = f"job {v['job_id']}" if v.get("job_id") else "the evidence"
+    out = [f"## hangdx: {job} is {v.get('status') or 'unknown'}", ""]
     if rc:
         quotes = rc.get("evidence") or []
         out += [

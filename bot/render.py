@@ -43,7 +43,7 @@ def terminal(v: Verdict, console: Console, verbose: bool = False) -> None:
     """Print the verdict as a report a tired on-call engineer can act on."""
     rc = v.root_cause
     head = Text()
-    head.append(f"job {v.job_id or '?'}  ", style="bold")
+    head.append(f"job {v.job_id}  " if v.job_id else "evidence  ", style="bold")
     head.append(v.status.upper(), style=_STATUS_STYLE.get(v.status, "bold"))
     if rc is None:
         console.print(Panel(Group(head, Text("no finding")), title="hangdx"))
@@ -94,7 +94,7 @@ def terminal(v: Verdict, console: Console, verbose: bool = False) -> None:
 def markdown(v: Verdict) -> str:
     """The verdict as Markdown, for a hand-off or a postmortem."""
     rc = v.root_cause
-    out = [f"## hangdx: job {v.job_id or '?'} is {v.status}", ""]
+    out = [f"## hangdx: {'job ' + v.job_id if v.job_id else 'the evidence'} is {v.status}", ""]
     if rc:
         out += [
             f"**Root cause:** `{rc.category}` (confidence {rc.confidence:.2f})",

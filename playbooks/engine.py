@@ -98,11 +98,12 @@ def run(ev: Evidence) -> Verdict:
     """Diagnose: facts from evidence, findings from playbooks, most likely first."""
     started = time.monotonic()
     facts = derive(ev)
+    have = _have(ev)
     findings: list[Finding] = []
     statuses: list[str] = []
     for pb in playbooks():
         for m in pb.func(facts):
-            ctx = {"facts": facts, "culprit": m.culprit, **m.context}
+            ctx = {"facts": facts, "culprit": m.culprit, "have": have, **m.context}
             summary, fix, steps = _words(m.template or pb.name, ctx)
             findings.append(
                 Finding(
@@ -125,6 +126,15 @@ def run(ev: Evidence) -> Verdict:
         elapsed_seconds=time.monotonic() - started,
         read=list(ev.reads),
     )
+
+
+def _have(ev: Evidence) -> dict[str, bool]:
+    """What the evidence already holds, so that no next step asks for it again."""
+    return {
+        "flight_recorder": any(c.origin == "flight_recorder" for c in ev.collectives),
+        "stacks": bool(ev.stacks),
+        "nccl_log": any(c.origin == "nccl_log" for c in ev.collectives),
+    }
 
 
 def _hardware_explains_crash(findings: list[Finding]) -> None:

@@ -250,10 +250,15 @@ def busy_elsewhere(facts: Facts) -> Iterator[Match]:
         {
             "ranks": ranks,
             "work": {e.rank: str(e.fields.get("what")) for e in busy},
-            "progress": {e.rank: f"{e.fields.get('n')}/{e.fields.get('total') or '?'}" for e in busy},
+            "progress": {e.rank: _progress(e.fields) for e in busy},
             "waiting": sorted(waiting),
             "writing": writing,
         },
         status="hung",
         template="busy_elsewhere",
     )
+
+
+def _progress(fields: dict) -> str:
+    """`812/1000`, or `812` when the bar gives no total."""
+    return f"{fields.get('n')}/{fields['total']}" if fields.get("total") else str(fields.get("n"))

@@ -115,7 +115,11 @@ BAD_BODIES = [
     ("an empty object", b"{}", "expected an Alertmanager webhook"),
     ("alerts a string", b'{"alerts": "x"}', "expected an Alertmanager webhook"),
     ("an alert a number", b'{"alerts": [5]}', "alerts[0]: expected an object"),
-    ("labels a string", b'{"alerts": [{"labels": "job_id=1"}]}', "no job_id, slurm_job_id or job label"),
+    (
+        "labels a string",
+        b'{"alerts": [{"labels": "job_id=1"}]}',
+        "no job_id, slurm_job_id, hangdx_job_id or hpc_job label",
+    ),
     ("job_id null", b'{"job_id": null}', "job_id: expected a string"),
     ("job_id true", b'{"job_id": true}', "job_id: expected a string"),
     ("job_id a float", b'{"job_id": 1.5}', "job_id: expected a string"),

@@ -388,9 +388,37 @@ def test_alertmanager_resolved_and_unlabelled_alerts_are_not_diagnosed() -> None
     del payload["alerts"][1]["labels"]["slurm_job_id"]
     reqs, skipped = parse_alerts(payload, None)
     assert reqs == []
-    assert skipped == ["NCCLWatchdogStalled: no job_id, slurm_job_id or job label"]
+    assert skipped == ["NCCLWatchdogStalled: no job_id, slurm_job_id, hangdx_job_id or hpc_job label"]
     with pytest.raises(AlertError):
         parse_alerts({"alerts": ["nope"]}, None)
+
+
+def test_prometheus_job_label_is_the_scrape_job_not_the_training_job() -> None:
+    # Labels as Prometheus and DCGM exporter put them on every alert: `job` is the scrape job, `instance` the
+    # exporter's host:port, `Hostname` DCGM's node name, `hpc_job` its HPC job mapping.
+    alert = {
+        "status": "firing",
+        "labels": {
+            "alertname": "GpuIdleInBusyJob",
+            "job": "dcgm-exporter",
+            "instance": "gpu-node-03:9400",
+            "Hostname": "gpu-node-03",
+        },
+    }
+    reqs, skipped = parse_alerts({"alerts": [alert]}, None)
+    assert reqs == [] and skipped == [
+        "GpuIdleInBusyJob: no job_id, slurm_job_id, hangdx_job_id or hpc_job label"
+    ]
+    alert["labels"]["hpc_job"] = "88124"
+    (req,), _ = parse_alerts({"alerts": [alert]}, None)
+    assert (req.job_id, req.hosts) == ("88124", ["gpu-node-03"])
+    alert["labels"]["train_job"] = "99"
+    (req,), _ = parse_alerts({"alerts": [alert]}, None, job_labels=("train_job",))
+    assert req.job_id == "99"
+    cfg = BotConfig.from_env({"HANGDX_ALERT_JOB_LABELS": "train_job, job"})
+    assert cfg.alert_job_labels == ("train_job", "job")
+    with pytest.raises(ConfigError, match="^HANGDX_ALERT_JOB_LABELS: 'a-b' is not a Prometheus label name"):
+        BotConfig.from_env({"HANGDX_ALERT_JOB_LABELS": "a-b"})
 
 
 def test_config_errors_are_one_line() -> None:
