@@ -204,13 +204,18 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         interval=args.interval,
         **_ssh_flags(args),
     )
+    if args.save_bundle:
+        try:  # before probing anything: a refused folder is said at once, not after the probes
+            bundle.check_destination(Path(args.save_bundle))
+        except OSError as e:
+            raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror or e}") from None
     try:
         docs = collect(args.job_id, opts)
         if args.save_bundle:
             try:
                 bundle.save(docs, Path(args.save_bundle), args.job_id)
             except OSError as e:
-                raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror}") from None
+                raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror or e}") from None
         verdict = verdict_of(docs, args.job_id)
     except DiagnosisError as e:
         raise UsageError(str(e)) from None

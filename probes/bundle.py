@@ -93,36 +93,114 @@ def evidence_from_documents(docs: list[dict], job_id: str | None = None) -> Evid
     return ev
 
 
+class BundleRefused(OSError):
+    """Where a bundle would be written is not safe to write: one line saying why."""
+
+
+def check_destination(root: Path) -> None:
+    """Refuse a path through a link another user owns (root could be made to write anywhere), and a bundle
+    folder that exists but is not this user's own: a link, a file, someone else's folder, or a folder with
+    other things in it."""
+    me = os.geteuid()
+    here = Path(root.anchor or ".")
+    for part in root.parts[1:] if root.is_absolute() else root.parts:
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode) and (here == root or st.st_uid not in (0, me)):
+            raise BundleRefused(f"{here} is a symbolic link: hangdx writes a bundle only into a real folder")
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        raise BundleRefused(f"{root} exists and is not a folder")
+    if st.st_uid != me:
+        raise BundleRefused(f"{root} belongs to another user (uid {st.st_uid}): give a new folder")
+    names = set(os.listdir(root))
+    if names and MANIFEST not in names:
+        raise BundleRefused(f"{root} is not empty and holds no hangdx bundle: give a new folder")
+
+
+class _Writer:
+    """Writes under one folder this process made (mode 0700) or owns: each file created anew (0600), through
+    directory descriptors, never following a link."""
+
+    def __init__(self, root: Path) -> None:
+        check_destination(root)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        os.fchmod(self.fd, 0o700)
+        self.dirs: dict[str, int] = {}
+
+    def folder(self, name: str) -> int:
+        if name not in self.dirs:
+            try:
+                os.mkdir(name, 0o700, dir_fd=self.fd)
+            except FileExistsError:
+                pass
+            self.dirs[name] = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
+        return self.dirs[name]
+
+    def write(self, name: str, data: bytes, folder: str | None = None) -> None:
+        dir_fd = self.folder(folder) if folder else self.fd
+        try:
+            os.unlink(
+                name, dir_fd=dir_fd
+            )  # a bundle saved again: the file is made anew, never written through
+        except FileNotFoundError:
+            pass
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+        with open(fd, "wb") as f:
+            f.write(data)
+
+    def close(self) -> None:
+        for fd in self.dirs.values():
+            os.close(fd)
+        os.close(self.fd)
+
+
 def save(docs: list[dict], directory: str | Path, job_id: str | None) -> Path:
-    """Write collector documents as a bundle folder."""
+    """Write collector documents as a bundle folder: a new folder (or a bundle this user saved before), files
+    readable only by this user; never through a symbolic link (BundleRefused says why)."""
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    hosts = []
-    for doc in docs:
-        if not isinstance(doc, dict):
-            continue
-        host = _file_name(doc.get("host"), "unknown-host")
-        hosts.append(host)
-        (root / host).mkdir(exist_ok=True)
-        for art in _list(doc.get("artifacts")):
-            if not isinstance(art, dict) or not isinstance(art.get("data") or "", str):
-                continue  # what evidence_from_documents reports as a gap; errors.json keeps the others
-            name = _file_name(art.get("name"), "artifact")
-            (root / host / name).write_bytes(artifact_bytes(art))
-        if doc.get("errors"):
-            (root / host / "errors.json").write_text(json.dumps(doc["errors"], indent=1))
-        if doc.get("problem"):
-            (root / host / "problem.json").write_text(json.dumps(doc["problem"], indent=1))
-    manifest = {
-        "hangdx_bundle": 1,
-        "job_id": job_id,
-        "hosts": hosts,
-        "created": time.time(),
-        "other_jobs": sorted(
-            {o for d in docs if isinstance(d, dict) for o in _list(d.get("other_jobs")) if isinstance(o, str)}
-        ),
-    }
-    (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    w = _Writer(root)
+    try:
+        hosts = []
+        for doc in docs:
+            if not isinstance(doc, dict):
+                continue
+            host = _file_name(doc.get("host"), "unknown-host")
+            hosts.append(host)
+            w.folder(host)
+            for art in _list(doc.get("artifacts")):
+                if not isinstance(art, dict) or not isinstance(art.get("data") or "", str):
+                    continue  # what evidence_from_documents reports as a gap; errors.json keeps the others
+                w.write(_file_name(art.get("name"), "artifact"), artifact_bytes(art), host)
+            if doc.get("errors"):
+                w.write("errors.json", json.dumps(doc["errors"], indent=1).encode(), host)
+            if doc.get("problem"):
+                w.write("problem.json", json.dumps(doc["problem"], indent=1).encode(), host)
+        manifest = {
+            "hangdx_bundle": 1,
+            "job_id": job_id,
+            "hosts": hosts,
+            "created": time.time(),
+            "other_jobs": sorted(
+                {
+                    o
+                    for d in docs
+                    if isinstance(d, dict)
+                    for o in _list(d.get("other_jobs"))
+                    if isinstance(o, str)
+                }
+            ),
+        }
+        w.write(MANIFEST, json.dumps(manifest, indent=1).encode())
+    finally:
+        w.close()
     return root
 
 
