@@ -18,7 +18,7 @@ from slack_sdk.errors import SlackApiError
 from hangdx.bot.config import BotConfig
 from hangdx.bot.diagnosis import DiagnosisError, check_job_id
 from hangdx.bot.incidents import IncidentStore, StoreUnavailable
-from hangdx.bot.slack.blocks import clip, escape
+from hangdx.bot.slack.blocks import clip, escape, mrkdwn
 from hangdx.probes.collector import redact
 
 log = logging.getLogger("hangdx.bot")
@@ -52,12 +52,17 @@ def button_refusal(store: IncidentStore | None, job_id: str, channel: str, messa
     try:
         inc = store.get(job_id)
     except StoreUnavailable as e:
-        return clip(f"hangdx cannot check this button now: {redact(str(e))}", 300)
+        return clip(mrkdwn("hangdx cannot check this button now: {e}", e=e), 300)
     if inc is None:
-        return f"There is no incident for job {job_id}: this button is not under one of its verdicts."
+        return mrkdwn(
+            "There is no incident for job {job}: this button is not under one of its verdicts.", job=job_id
+        )
     thread = message.get("thread_ts") or message.get("ts")
     if inc.channel != channel or (inc.thread_ts and inc.thread_ts != thread):
-        return f"This button is not in the thread of job {job_id}'s incident: use the ones under its verdict."
+        return mrkdwn(
+            "This button is not in the thread of job {job}'s incident: use the ones under its verdict.",
+            job=job_id,
+        )
     return None
 
 

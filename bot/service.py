@@ -23,6 +23,8 @@ from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
 from hangdx.bot.slack.blocks import (
     escape,
     handoff_blocks,
+    mention,
+    mrkdwn,
     progress_text,
     status_blocks,
     verdict_blocks,
@@ -79,13 +81,13 @@ class Service:
         rq_id, joined = queue_diagnosis(self.conn, req, self.options(req))
         # A person asking is news to the thread; a repeated alert is not (the timeline keeps it).
         if channel and inc.thread_ts and not is_new and req.source in HUMAN_SOURCES:
-            who = f"<@{req.requested_by}>" if req.requested_by.startswith(("U", "W")) else req.requested_by
             also = "; the diagnosis under way will answer here" if joined else ""
+            text = mrkdwn("Another {source} for job {job} from ", source=req.source, job=req.job_id)
             _post(
                 self.client,
                 channel=inc.channel or channel,
                 thread_ts=inc.thread_ts,
-                text=f"Another {req.source} for job {req.job_id} from {who} joined this incident{also}.",
+                text=f"{text}{mention(req.requested_by)} joined this incident{also}.",
             )
         return rq_id
 
@@ -185,7 +187,7 @@ class Service:
                 self.client,
                 channel=inc.channel,
                 thread_ts=inc.thread_ts,
-                text=f"<@{user}>: {action} ({inc.status}).",
+                text=f"{mention(user)}: " + mrkdwn("{action} ({status}).", action=action, status=inc.status),
             )
 
     def send_stacks(self, inc: Incident) -> None:
@@ -193,7 +195,7 @@ class Service:
         job = inc.job_id
         stacks = load_stacks(self.conn, job)
         if stacks is None:
-            text = f"No stacks kept for job {job} yet: run a diagnosis first."
+            text = mrkdwn("No stacks kept for job {job} yet: run a diagnosis first.", job=job)
             _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=text)
             return
         try:
@@ -207,8 +209,8 @@ class Service:
         except (SlackApiError, SlackRequestError, OSError) as e:
             err = e.response.get("error") if isinstance(e, SlackApiError) else " ".join(str(e).split())
             log.warning("files_upload_v2 of the stacks of job %s failed: %s", job, err)
-            text = f"Could not upload the stacks of job {job}: {err}"
-            _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=redact(text)[:300])
+            text = mrkdwn("Could not upload the stacks of job {job}: {err}", job=job, err=str(err)[:200])
+            _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=text)
 
 
 class SlackNotifier:
@@ -251,7 +253,12 @@ class SlackNotifier:
     def say(self, incident: Incident, text: str) -> None:
         """A line in the incident's thread (the reaper's "queued again" or "interrupted")."""
         if incident.channel:
-            _post(self.client, channel=incident.channel, thread_ts=incident.thread_ts, text=redact(text))
+            _post(
+                self.client,
+                channel=incident.channel,
+                thread_ts=incident.thread_ts,
+                text=mrkdwn("{t}", t=text),
+            )
 
     def __call__(self, incident: Incident, verdict: dict[str, Any] | None, error: str | None) -> None:
         if not incident.channel:
@@ -262,7 +269,7 @@ class SlackNotifier:
                 self.client,
                 channel=incident.channel,
                 thread_ts=incident.thread_ts,
-                text=redact(f"Diagnosis of job {job} could not run: {error}"),
+                text=mrkdwn("Diagnosis of job {job} could not run: {error}", job=job, error=error),
             )
             return
         _post(

@@ -9,9 +9,8 @@ from slack_bolt import App
 
 from hangdx.bot import access
 from hangdx.bot.request import DiagnoseRequest
-from hangdx.bot.slack.blocks import ACTION_PREFIX, ACTIONS, clip
+from hangdx.bot.slack.blocks import ACTION_PREFIX, ACTIONS, clip, mrkdwn
 from hangdx.bot.slack.common import Surfaces, one_line, submitted, tell
-from hangdx.probes.collector import redact
 
 log = logging.getLogger("hangdx.bot")
 PATTERN = re.compile("^" + ACTION_PREFIX + "(" + "|".join(ACTIONS) + ")$")
@@ -53,5 +52,5 @@ def register(app: App, s: Surfaces) -> None:
                 s.on_action(name, job_id, user)
             except Exception as e:  # a resolved incident acknowledged, Redis down: say so to the presser
                 log.warning("button %s on job %s failed: %s", name, job_id, one_line(e, 300))
-                said = clip(f"hangdx could not {name} job {job_id}: {redact(str(e))}", 300)
+                said = clip(mrkdwn("hangdx could not {name} job {job}: {e}", name=name, job=job_id, e=e), 300)
                 tell(client, channel, user, said)

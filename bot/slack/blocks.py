@@ -42,6 +42,17 @@ def escape(text: str, limit: int = SECTION_MAX) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def mrkdwn(template: str, **values: Any) -> str:
+    """hangdx's own words with every value that did not come from hangdx (a job id, an error, a host, a node's
+    or a user's text) redacted and escaped: the one way such text becomes a Slack message."""
+    return template.format(**{k: escape(str(v), 1000) for k, v in values.items()})
+
+
+def mention(user: str) -> str:
+    """`<@U…>` for a Slack user id; anything else is shown as text, never as a mention or a link."""
+    return f"<@{user}>" if re.fullmatch(r"[UW][A-Z0-9]{2,30}", user or "") else escape(str(user), 80)
+
+
 def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 

@@ -13,7 +13,7 @@ from slack_sdk.errors import SlackApiError
 from hangdx.bot.config import BotConfig
 from hangdx.bot.incidents import IncidentStore
 from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
-from hangdx.bot.slack.blocks import clip
+from hangdx.bot.slack.blocks import clip, mrkdwn
 from hangdx.probes.collector import redact
 
 log = logging.getLogger("hangdx.bot")
@@ -67,7 +67,7 @@ def run_report(report: Report | None, kind: str) -> tuple[str, list[dict] | None
         text, blocks = report(kind)
     except Exception as e:  # Redis down: say so to the person who asked
         log.exception("report %s failed", kind)
-        return clip(f"hangdx could not build the {kind} report: {redact(str(e))}", 300), None
+        return clip(mrkdwn("hangdx could not build the {kind} report: {e}", kind=kind, e=e), 300), None
     return clip(redact(text), 3000), blocks
 
 
@@ -77,6 +77,6 @@ def submitted(submit: Callable[[Any], str], req: Any, what: str, say: Callable[[
         submit(req)
     except Exception as e:
         log.exception("submit failed for %s", what)
-        say(clip(f"Could not queue the {what}: {redact(str(e))}", 300))
+        say(clip(mrkdwn("Could not queue the {what}: {e}", what=what, e=e), 300))
         return False
     return True
