@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 
 COLLECTOR_VERSION = 1
 JOB_ENV_KEYS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "HANGDX_JOB_ID")
@@ -126,7 +127,10 @@ _PATH_SYSCALLS = {"open": 0, "openat": 1, "newfstatat": 1, "statx": 1}
 # Names whose value is a secret: `HF_TOKEN=...`, `"password": "..."`, `--db-password x`, `MYSQL_PWD=...`.
 _SECRET_NAME = (
     r"(?:token|secret|passw(?:or)?d|passwd|passphrase|[_-]pwd|api[_-]?key|access[_-]?key|private[_-]?key"
-    r"|credential)"
+    r"|credential"
+    # `key` and `pass` alone or as the last part of a name (--key, WANDB_KEY, --wandb-key, AccountKey, DB_PASS,
+    # --pass), not inside a word (monkey, bypass, compass).
+    r"|(?:(?<![A-Za-z0-9])|(?<=[_.-])|(?-i:(?<=[a-z])(?=K)))(?:key|pass)(?![A-Za-z0-9]))"
 )
 _SECRET_KEY = r"[A-Za-z0-9_.-]{0,64}?(?P<word>" + _SECRET_NAME + r")(?P<tail>[A-Za-z0-9_.-]{0,64})"
 # A value: "quoted with spaces", 'quoted', or bare up to a space, quote, comma or semicolon.
@@ -165,7 +169,8 @@ def _named_secret(m) -> str:
 # encrypted key) and the END line when it is there: a key cut short before its END line goes all the same.
 _PEM_KEY = re.compile(
     r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"
-    r"(?:[A-Za-z0-9+/=]|(?:\r?\n|\\[nr])[ \t]*|Proc-Type:[^\r\n]*|DEK-Info:[^\r\n]*)*"
+    r"(?:[A-Za-z0-9+/=]|(?:\r?\n|\\[nr])(?:\[[^\]\r\n]{1,40}\]:?|[A-Za-z0-9_.-]{1,40}:(?=[ \t]))?[ \t]*"
+    r"|Proc-Type:[^\r\n]*|DEK-Info:[^\r\n]*)*"
     r"(?:-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----)?"
 )
 # The base64 tail of a key whose BEGIN line was cut off (a log tail that starts mid-key), to its END line.
@@ -215,19 +220,54 @@ _SECRET_PATTERNS = [
         ),
         _named_secret,
     ),
+    # argv printed as a Python list: '--password', 'VALUE'
+    (
+        re.compile(
+            r"(?i)(?P<lead>([\"'])--?"
+            + _SECRET_KEY
+            + r"\2,\s{0,4})(?P<quote>[\"'])[^\"'\r\n]{1,512}(?P=quote)"
+        ),
+        lambda m: m.group("lead") + m.group("quote") + "[REDACTED]" + m.group("quote"),
+    ),
+    # -pVALUE (mysql, mysqldump): not a port (-p2222), not a compiler flag (-pthread, -pipe, -pedantic, -pie).
+    (re.compile(r"(?<![\w-])-p(?!thread|ipe|edantic|ie\b|g\b|[0-9-])([^\s\"',;]{4,})"), "-p[REDACTED]"),
     # user:password@ in URLs; the user may be empty (redis://:password@host), the password may hold an @.
     (re.compile(r"(://[^:/\s@]*:)[^\s/]*@"), r"\1[REDACTED]@"),
 ]
 
 
-def redact(text: str) -> str:
-    """Blank out tokens, keys and passwords."""
+def redact(text: str, known: Iterable[str] = ()) -> str:
+    """Blank out tokens, keys and passwords; and every `known` secret value (seen in a rank's environment or
+    argv) wherever it appears."""
     text = _PEM_KEY.sub("[REDACTED KEY]", text)
     if "-----END" in text:
         text = _PEM_TAIL.sub("[REDACTED KEY]", text)
     for pattern, repl in _SECRET_PATTERNS:
         text = pattern.sub(repl, text)
+    for value in sorted(known, key=len, reverse=True):
+        if value in text:
+            text = text.replace(value, "[REDACTED]")
     return text
+
+
+_SECRET_VAR = re.compile(r"(?i)" + _SECRET_NAME)
+MIN_KNOWN_SECRET = 8  # shorter values (a `1`, `true`) would blank out ordinary text
+
+
+def secret_values(env: dict[str, str], argv: list[str]) -> set[str]:
+    """Values of secret-named variables and of secret-named options (`--key VALUE`, `--key=VALUE`)."""
+    out = {v for k, v in env.items() if _SECRET_VAR.search(k) and len(v) >= MIN_KNOWN_SECRET}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            continue
+        name, eq, value = arg.partition("=")
+        if not _SECRET_VAR.search(name.lstrip("-")):
+            continue
+        if not eq and i + 1 < len(argv):
+            value = argv[i + 1]
+        if len(value) >= MIN_KNOWN_SECRET:
+            out.add(value)
+    return out
 
 
 def _read(path: str, limit: int = 1 << 20) -> bytes | None:
@@ -299,8 +339,9 @@ def _stat(pid: int) -> dict | None:
         return None
 
 
-def find_job_processes(job_id: str) -> tuple[list[dict], list[str], int]:
-    """The job's processes (ranks and their children), other jobs seen, and /proc entries not readable."""
+def find_job_processes(job_id: str, secrets: set[str] | None = None) -> tuple[list[dict], list[str], int]:
+    """The job's processes (ranks and their children), other jobs seen, and /proc entries not readable; `secrets`
+    gets the secret values of their environments and command lines (never kept in what is returned)."""
     procs, others, unreadable = [], set(), 0
     me = os.getpid()
     for name in os.listdir("/proc"):
@@ -318,6 +359,9 @@ def find_job_processes(job_id: str) -> tuple[list[dict], list[str], int]:
         if job_id not in jobs:
             others.update(jobs)
             continue
+        if secrets is not None:
+            argv = (_read("/proc/%d/cmdline" % pid, 65536) or b"").decode("utf-8", "replace").split("\0")
+            secrets.update(secret_values(env, argv))
         if "RANK" not in env:
             continue  # the launcher (torchrun's agent, srun): not a rank
         st = _stat(pid) or {}
@@ -608,10 +652,14 @@ def collect(
     artifacts: list[dict] = []
     errors: list[dict] = []
 
-    def add(name: str, kind: str, data: str, rank=None, pid=None) -> None:
-        artifacts.append({"name": name, "kind": kind, "rank": rank, "pid": pid, "data": redact(data)})
+    secrets: set[str] = set()
 
-    procs, others, unreadable = find_job_processes(job_id)
+    def add(name: str, kind: str, data: str, rank=None, pid=None) -> None:
+        artifacts.append(
+            {"name": name, "kind": kind, "rank": rank, "pid": pid, "data": redact(data, secrets)}
+        )
+
+    procs, others, unreadable = find_job_processes(job_id, secrets)
     if unreadable and not procs and os.geteuid() != 0:
         errors.append(
             {
