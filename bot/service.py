@@ -79,8 +79,16 @@ class Service:
         if channel and not inc.thread_ts:
             inc = self._make_thread(req, channel) or inc
         rq_id, joined = queue_diagnosis(self.conn, req, self.options(req))
+        if is_new:
+            self._first_join(inc, req.requested_by)  # who opened it has nothing to announce when asking again
         # A person asking is news to the thread; a repeated alert is not (the timeline keeps it).
-        if channel and inc.thread_ts and not is_new and req.source in HUMAN_SOURCES:
+        if (
+            channel
+            and inc.thread_ts
+            and not is_new
+            and req.source in HUMAN_SOURCES
+            and self._first_join(inc, req.requested_by)
+        ):
             also = "; the diagnosis under way will answer here" if joined else ""
             text = mrkdwn("Another {source} for job {job} from ", source=req.source, job=req.job_id)
             _post(
@@ -90,6 +98,15 @@ class Service:
                 text=f"{text}{mention(req.requested_by)} joined this incident{also}.",
             )
         return rq_id
+
+    def _first_join(self, inc: Incident, user: str) -> bool:
+        """Whether this person's request is the first of theirs to join this incident: a thread says "joined"
+        once per person, however many times they ask (or Slack retries)."""
+        key = f"hangdx:joined:{inc.job_id}:{int(inc.created * 1000)}:{user}"
+        try:
+            return bool(self.conn.set(key, "1", nx=True, ex=7 * 24 * 3600))
+        except redis.exceptions.RedisError:
+            return False  # Redis down: say nothing rather than say it again
 
     def analyze(self, req: AnalyzeRequest) -> str:
         """`@hangdx analyze` or the shortcut: read what was pasted on a worker; the RQ job id that will answer."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -59,6 +60,7 @@ class SlackStandin:
         self._server: ThreadingHTTPServer | None = None
         self.messages: dict[str, list[dict[str, Any]]] = {}  # channel -> messages, in order
         self.uploads: dict[str, tuple[bytes, str]] = {}  # file id -> (content, mimetype)
+        self.delay = 0.0  # seconds every Web API answer takes (a slow Slack)
 
     # -- lifecycle
     def start(self) -> SlackStandin:
@@ -182,6 +184,8 @@ class SlackStandin:
         body = _decode(raw, h.headers.get("Content-Type", ""))
         if "?" in h.path:  # GET methods (conversations.replies) send their arguments in the query
             body = {**dict(parse_qsl(h.path.split("?", 1)[1])), **body}
+        if self.delay and path.startswith("api/"):
+            time.sleep(self.delay)
         with self._lock:
             self.calls.append(Call(method, body, {k.lower(): v for k, v in h.headers.items()}, raw))
             failure = self._take_failure(method)

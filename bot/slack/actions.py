@@ -19,38 +19,43 @@ PATTERN = re.compile("^" + ACTION_PREFIX + "(" + "|".join(ACTIONS) + ")$")
 def register(app: App, s: Surfaces) -> None:
     @app.action(PATTERN)
     def verdict_button(ack, body, action, client):
-        ack()
-        user = (body.get("user") or {}).get("id")
-        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
-        name = action["action_id"][len(ACTION_PREFIX) :]
-        if not (isinstance(user, str) and isinstance(channel, str) and user and channel):
-            log.warning("button %s without a user or channel: ignored", name)
-            return
-        job_id = action.get("value") or ""
-        message = body.get("message") if isinstance(body.get("message"), dict) else {}
-        refusal = (
-            access.refusal(s.config, user, channel)
-            or access.slack_job_refusal(job_id)
-            or access.button_refusal(s.store, job_id, channel, message)
+        ack()  # first; the checks and the action talk to Redis and Slack: off the listener pool
+        s.later(_press, s, body, action, client)
+
+
+def _press(s: Surfaces, body: dict, action: dict, client) -> None:
+    """A verdict button pressed: checked (who, which job, which thread), then done."""
+    user = (body.get("user") or {}).get("id")
+    channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
+    name = action["action_id"][len(ACTION_PREFIX) :]
+    if not (isinstance(user, str) and isinstance(channel, str) and user and channel):
+        log.warning("button %s without a user or channel: ignored", name)
+        return
+    job_id = action.get("value") or ""
+    message = body.get("message") if isinstance(body.get("message"), dict) else {}
+    refusal = (
+        access.refusal(s.config, user, channel)
+        or access.slack_job_refusal(job_id)
+        or access.button_refusal(s.store, job_id, channel, message)
+    )
+    if refusal:
+        tell(client, channel, user, refusal)
+        return
+    if name == "rerun":
+        req = DiagnoseRequest(
+            job_id=job_id,
+            source="button",
+            requested_by=user,
+            channel=channel,
+            thread_ts=message.get("thread_ts") or message.get("ts"),
         )
-        if refusal:
-            tell(client, channel, user, refusal)
+        say = lambda text: tell(client, channel, user, text)  # noqa: E731
+        if not submitted(s.submit, req, f"diagnosis of job {job_id}", say):
             return
-        if name == "rerun":
-            req = DiagnoseRequest(
-                job_id=job_id,
-                source="button",
-                requested_by=user,
-                channel=channel,
-                thread_ts=message.get("thread_ts") or message.get("ts"),
-            )
-            say = lambda text: tell(client, channel, user, text)  # noqa: E731
-            if not submitted(s.submit, req, f"diagnosis of job {job_id}", say):
-                return
-        if s.on_action is not None:
-            try:
-                s.on_action(name, job_id, user)
-            except Exception as e:  # a resolved incident acknowledged, Redis down: say so to the presser
-                log.warning("button %s on job %s failed: %s", name, job_id, one_line(e, 300))
-                said = clip(mrkdwn("hangdx could not {name} job {job}: {e}", name=name, job=job_id, e=e), 300)
-                tell(client, channel, user, said)
+    if s.on_action is not None:
+        try:
+            s.on_action(name, job_id, user)
+        except Exception as e:  # a resolved incident acknowledged, Redis down: say so to the presser
+            log.warning("button %s on job %s failed: %s", name, job_id, one_line(e, 300))
+            said = clip(mrkdwn("hangdx could not {name} job {job}: {e}", name=name, job=job_id, e=e), 300)
+            tell(client, channel, user, said)

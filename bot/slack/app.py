@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from flask import Flask, jsonify
 from slack_bolt import App, BoltResponse
@@ -54,6 +55,9 @@ def build_app(
         request_verification_enabled=not socket_mode,
         # An action, command or event no listener takes goes to on_error below: one line, not Bolt's advice.
         raise_error_for_unhandled_request=True,
+        # Listeners only ack and hand work to Surfaces.background; a pool larger than Bolt's 5 keeps a burst
+        # of requests from waiting for a listener thread past Slack's 3 seconds.
+        listener_executor=ThreadPoolExecutor(max_workers=32, thread_name_prefix="hangdx-bolt"),
     )
     app.error(_on_error)
     surfaces = Surfaces(config, submit, on_action, report, store, analyze)

@@ -45,4 +45,4 @@ def register(app: App, s: Surfaces) -> None:
             return
         ack(text=f"Diagnosing job {escape(arg)}…", response_type="ephemeral")
         req = DiagnoseRequest(job_id=arg, source="slash", requested_by=user, channel=channel)
-        submitted(s.submit, req, f"diagnosis of job {arg}", lambda said: respond(text=said))
+        s.later(submitted, s.submit, req, f"diagnosis of job {arg}", lambda said: respond(text=said))

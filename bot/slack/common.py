@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from slack_sdk import WebClient
@@ -36,6 +37,22 @@ class Surfaces:
     report: Report | None = None
     store: IncidentStore | None = None
     analyze: SubmitAnalysis | None = None
+    # Where the work after an ack runs (queueing, threads, replies): never Bolt's listener pool, so that a slow
+    # or rate-limiting Slack cannot hold up the next request's acknowledgement.
+    background: Executor = field(
+        default_factory=lambda: ThreadPoolExecutor(64, thread_name_prefix="hangdx-bg")
+    )
+
+    def later(self, fn: Callable[..., Any], *args: Any) -> None:
+        """fn(*args) after the ack, on the background pool; a failure is one log line."""
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a background task must not die silently
+                log.exception("Slack background task %s failed", getattr(fn, "__name__", fn))
+
+        self.background.submit(run)
 
 
 def one_line(value: Any, limit: int = 80) -> str:

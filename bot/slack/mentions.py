@@ -36,40 +36,46 @@ def mention_text(text: str) -> tuple[str, str | None]:
 def register(app: App, s: Surfaces) -> None:
     @app.event("app_mention")
     def on_mention(event, client):
-        user, channel = event.get("user"), event.get("channel")
-        thread_ts = event.get("thread_ts") or event.get("ts")
-        if not (isinstance(user, str) and isinstance(channel, str) and user and channel):
-            log.warning("app_mention without a user or channel: ignored")
-            return
+        # Bolt acknowledged the event already; what follows talks to Slack and Redis: off the listener pool.
+        s.later(_on_mention, s, event, client)
 
-        def say(text: str, blocks: list | None = None) -> None:
-            tell(client, channel, user, text, blocks=blocks, thread_ts=thread_ts)
 
-        refusal = access.refusal(s.config, user, channel)
-        if refusal:
-            say(refusal)
+def _on_mention(s: Surfaces, event: dict, client) -> None:
+    """What the mention asks, done: a reply only its author sees, a report, or a request handed to the service."""
+    user, channel = event.get("user"), event.get("channel")
+    thread_ts = event.get("thread_ts") or event.get("ts")
+    if not (isinstance(user, str) and isinstance(channel, str) and user and channel):
+        log.warning("app_mention without a user or channel: ignored")
+        return
+
+    def say(text: str, blocks: list | None = None) -> None:
+        tell(client, channel, user, text, blocks=blocks, thread_ts=thread_ts)
+
+    refusal = access.refusal(s.config, user, channel)
+    if refusal:
+        say(refusal)
+        return
+    text = event.get("text")
+    what, arg = mention_text(text if isinstance(text, str) else "")
+    if what == "help":
+        say("hangdx: @hangdx diagnose <jobid>", help_blocks())
+    elif what == "refuse":
+        say(arg or USAGE)
+    elif what in REPORTS:
+        _report(client, s, what, channel, event.get("thread_ts"), say)
+    elif what == "analyze":
+        if s.analyze is None or not isinstance(thread_ts, str):
+            say("hangdx: analyze is not available on this server.")
             return
-        text = event.get("text")
-        what, arg = mention_text(text if isinstance(text, str) else "")
-        if what == "help":
-            say("hangdx: @hangdx diagnose <jobid>", help_blocks())
-        elif what == "refuse":
-            say(arg or USAGE)
-        elif what in REPORTS:
-            _report(client, s, what, channel, event.get("thread_ts"), say)
-        elif what == "analyze":
-            if s.analyze is None or not isinstance(thread_ts, str):
-                say("hangdx: analyze is not available on this server.")
-                return
-            say("Reading this thread's messages and text files…")
-            req = AnalyzeRequest(channel=channel, thread_ts=thread_ts, requested_by=user, source="mention")
-            submitted(s.analyze, req, "analysis of this thread", say)
-        else:
-            say(f"Diagnosing job {escape(arg)}…")
-            req = DiagnoseRequest(
-                job_id=arg or "", source="mention", requested_by=user, channel=channel, thread_ts=thread_ts
-            )
-            submitted(s.submit, req, f"diagnosis of job {arg}", say)
+        say("Reading this thread's messages and text files…")
+        req = AnalyzeRequest(channel=channel, thread_ts=thread_ts, requested_by=user, source="mention")
+        submitted(s.analyze, req, "analysis of this thread", say)
+    else:
+        say(f"Diagnosing job {escape(arg)}…")
+        req = DiagnoseRequest(
+            job_id=arg or "", source="mention", requested_by=user, channel=channel, thread_ts=thread_ts
+        )
+        submitted(s.submit, req, f"diagnosis of job {arg}", say)
 
 
 def _report(client, s: Surfaces, what: str, channel: str, thread_ts, say) -> None:

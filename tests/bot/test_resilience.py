@@ -336,3 +336,20 @@ def test_submit_works_again_when_redis_comes_back(slack, tmp_path):
         assert service.store.get("job-c").thread_ts
     finally:
         _kill(proc)
+
+
+# -- a person asking again -------------------------------------------------------------------------------
+
+
+def test_a_thread_says_joined_once_per_person_however_often_they_ask(service, slack):
+    for _ in range(4):  # the first opens the incident; the others are the same person asking again
+        service.submit(req("job-ask"))
+    service.submit(DiagnoseRequest("job-ask", "mention", "U0ONCALL02", channel=CHANNEL))
+    service.submit(DiagnoseRequest("job-ask", "button", "U0ONCALL02", channel=CHANNEL))
+    joins = [
+        c.body["text"]
+        for c in slack.calls_to("chat.postMessage")
+        if "joined this incident" in c.body.get("text", "")
+    ]
+    assert len(joins) == 1, joins  # who opened it asking again is no news; the second person, once
+    assert "<@U0ONCALL02>" in joins[0]
