@@ -30,8 +30,6 @@ def serve(
     analyze: SubmitAnalysis | None = None,
 ) -> None:
     """`hangdx serve`: HTTP (or Socket Mode when SLACK_APP_TOKEN is set) until interrupted."""
-    from werkzeug.serving import make_server
-
     from hangdx.bot.incidents import connect
     from hangdx.bot.schedule import HandoffScheduler
 
@@ -46,14 +44,47 @@ def serve(
         from slack_bolt.adapter.socket_mode import SocketModeHandler
 
         SocketModeHandler(app, config.app_token).connect()
-    server = make_server(host, port, flask_app, threaded=True)
-    log.info("hangdx serving on http://%s:%d", host, server.server_port)
+    server = http_server(flask_app, host, port)
+    log.info("hangdx serving on http://%s:%d", host, server.effective_port)
     try:
-        server.serve_forever()
+        server.run()
     finally:
         if scheduler is not None:
             scheduler.stop()
-        server.server_close()
+        server.close()
+
+
+# The HTTP server: waitress, a production WSGI server (werkzeug's is for development: a thread per connection and
+# no read timeout, so half-sent requests exhausted its file descriptors and it stopped answering). Waitress reads
+# each request whole before a worker thread sees it, and bounds everything an attacker can hold open.
+HTTP_THREADS = 16  # requests handled at once (each only acks and hands work on)
+HTTP_CONNECTIONS = (
+    900  # connections open at once (under the usual 1024 descriptors); more wait in the backlog
+)
+HTTP_IDLE = 5  # seconds an idle or half-sent connection is kept
+HTTP_BACKLOG = 1024
+
+
+def http_server(flask_app, host: str, port: int):
+    """A waitress server for `flask_app` on host:port (port 0: any free port); `.run()` until SIGTERM/SIGINT."""
+    from waitress.server import create_server
+
+    from hangdx.bot.alerts import MAX_ALERT_BYTES
+
+    return create_server(
+        flask_app,
+        host=host,
+        port=port,
+        threads=HTTP_THREADS,
+        connection_limit=HTTP_CONNECTIONS,
+        channel_timeout=HTTP_IDLE,
+        cleanup_interval=2,
+        backlog=HTTP_BACKLOG,
+        max_request_body_size=MAX_ALERT_BYTES + 1,
+        max_request_header_size=64 * 1024,
+        ident="hangdx",
+        clear_untrusted_proxy_headers=True,
+    )
 
 
 def post_handoff(client: WebClient, channel: str, report: Report) -> None:

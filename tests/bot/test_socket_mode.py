@@ -105,7 +105,6 @@ class Recorder:
 def served(monkeypatch) -> Iterator[tuple[SocketServer, SocketSlack, Recorder]]:
     """server.serve() in a thread, with its HTTP server and Socket Mode handler kept so they can stop."""
     from slack_bolt.adapter import socket_mode
-    from werkzeug import serving
 
     handlers: list[Any] = []
     servers: list[Any] = []
@@ -115,14 +114,14 @@ def served(monkeypatch) -> Iterator[tuple[SocketServer, SocketSlack, Recorder]]:
             super().__init__(*a, **kw)
             handlers.append(self)
 
-    real_make_server = serving.make_server
+    real_http_server = server.http_server
 
-    def kept_make_server(*a: Any, **kw: Any) -> Any:
-        servers.append(real_make_server(*a, **kw))
+    def kept_http_server(*a: Any, **kw: Any) -> Any:
+        servers.append(real_http_server(*a, **kw))
         return servers[-1]
 
     monkeypatch.setattr(socket_mode, "SocketModeHandler", KeptHandler)
-    monkeypatch.setattr(serving, "make_server", kept_make_server)
+    monkeypatch.setattr(server, "http_server", kept_http_server)
     ws = SocketServer()
     with SocketSlack() as slack:
         slack.ws_url = ws.url
@@ -146,7 +145,7 @@ def served(monkeypatch) -> Iterator[tuple[SocketServer, SocketSlack, Recorder]]:
             for h in handlers:
                 h.close()
             for s in servers:
-                s.shutdown()
+                s.close()
             thread.join(10)
             ws.close()
 
