@@ -368,6 +368,7 @@ def find_job_processes(job_id: str, secrets: set[str] | None = None) -> tuple[li
         procs.append(
             {
                 "pid": pid,
+                "uid": _uid(pid),
                 "ppid": st.get("ppid"),
                 "rank": _int(env.get("RANK")),
                 "local_rank": _int(env.get("LOCAL_RANK")),
@@ -741,7 +742,10 @@ def collect(
         }
         add("processes.json", "procstate", json.dumps(doc, indent=1))
 
-    _collect_rank_files(procs, host, add, errors)
+    uid = job_uid(job_id)
+    for line in suspect_ranks(procs, uid):
+        errors.append({"source": "processes", "message": line})
+    _collect_rank_files(procs, host, add, errors, uid)
     if host_thread is not None:
         host_thread.join(timeout=60)
     return {
@@ -757,12 +761,91 @@ def collect(
     }
 
 
-def _collect_rank_files(procs: list[dict], host: str, add, errors: list[dict]) -> None:
+def _uid(pid: int) -> int | None:
+    try:
+        return os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+
+
+def _owned_file(path: str, uid: int | None, limit: int, tail: bool = True) -> tuple[bytes | None, str | None]:
+    """A rank's file, read only when it is a regular file that rank's user owns, never through a link: what a
+    process says in its environment (NCCL_DEBUG_FILE=/etc/shadow) must not make root read what its user cannot.
+    (data, None), or (None, why not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        return None, "a link, refused" if e.errno == 40 else (e.strerror or "not readable")
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if uid is None or (st.st_uid != uid and uid != 0):
+            return None, "not owned by the rank's user (uid %s), refused" % uid
+        if tail and st.st_size > limit:
+            f.seek(st.st_size - limit)
+            data = f.read(limit)
+            nl = data.find(b"\n")
+            return (data[nl + 1 :] if nl >= 0 else data), None
+        return f.read(limit), None
+
+
+def _owned_socket(path: str, uid: int | None) -> str | None:
+    """Why root must not connect to this socket for a rank (not a socket its user owns), or None."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return e.strerror or "not there"
+    if not stat.S_ISSOCK(st.st_mode):
+        return "not a socket"
+    if uid is None or (st.st_uid != uid and uid != 0):
+        return "not owned by the rank's user (uid %s), refused" % uid
+    return None
+
+
+def job_uid(job_id: str) -> int | None:
+    """The job's user as Slurm knows it (`scontrol show job`), on a Slurm node; None elsewhere."""
+    if not shutil.which("scontrol") or not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
+        return None
+    out, _ = _run(["scontrol", "show", "job", "-o", job_id], timeout=5)
+    m = re.search(r"\bUserId=[^(\s]*\((\d+)\)", out or "")
+    return int(m.group(1)) if m else None
+
+
+def suspect_ranks(procs: list[dict], uid: int | None) -> list[str]:
+    """One line per rank that does not run as the job's user (when Slurm names it), or per user when the job's
+    processes run as more than one: their files are not read and the verdict says so."""
+    if uid is not None:
+        return [
+            "rank %s (pid %s) runs as uid %s, not as the job's user (uid %d): its files are not read, and its "
+            "stacks are evidence of another user's process" % (p["rank"], p["pid"], p.get("uid"), uid)
+            for p in procs
+            if p.get("uid") is not None and p.get("uid") != uid and p["role"] == "rank"
+        ]
+    uids = sorted({p.get("uid") for p in procs if p.get("uid") is not None})
+    if len(uids) > 1:
+        by = {
+            u: sorted(str(p["rank"]) for p in procs if p.get("uid") == u and p["role"] == "rank")
+            for u in uids
+        }
+        return [
+            "the job's ranks run as %d different users (%s): one of them may not be the job's"
+            % (len(uids), "; ".join("uid %s: ranks %s" % (u, ", ".join(r)) for u, r in by.items()))
+        ]
+    return []
+
+
+def _collect_rank_files(
+    procs: list[dict], host: str, add, errors: list[dict], uid: int | None = None
+) -> None:
     seen: set[str] = set()
     for p in procs:
         if p["role"] != "rank":
             continue
+        if uid is not None and p.get("uid") != uid:
+            continue  # a process claiming the job as another user: named in the errors, its files unread
         pid, rank, env = p["pid"], p["rank"], p["env"]
+        owner = p.get("uid")
         # The rank's own stdout/stderr when they go to files: tracebacks and watchdog lines land there.
         for fd in (1, 2):
             try:
@@ -772,7 +855,7 @@ def _collect_rank_files(procs: list[dict], host: str, add, errors: list[dict]) -
             if target in seen or not target.startswith("/") or not os.path.isfile(target):
                 continue
             seen.add(target)
-            data = tail_file(target)
+            data, _ = _owned_file(target, owner, TAIL_BYTES)
             if data:
                 add(
                     "rank{}-{}.log".format(rank, "stdout" if fd == 1 else "stderr"),
@@ -784,16 +867,19 @@ def _collect_rank_files(procs: list[dict], host: str, add, errors: list[dict]) -
         pattern = env.get("NCCL_DEBUG_FILE")
         if pattern:
             path = _expand_nccl_path(pattern, host, pid)
-            data = tail_file(path)
+            data, why = _owned_file(path, owner, TAIL_BYTES)
             if data is None:
                 errors.append(
-                    {"source": "nccl log", "message": f"rank {rank}: NCCL_DEBUG_FILE {path} not readable"}
+                    {"source": "nccl log", "message": f"rank {rank}: NCCL_DEBUG_FILE {path}: {why}"}
                 )
             elif path not in seen:
                 seen.add(path)
                 add(f"nccl-rank{rank}.log", "nccl_log", data.decode("utf-8", "replace"), rank, pid)
         sock = env.get("TORCH_WORKER_SERVER_SOCKET")
-        if sock:
+        refused = _owned_socket(sock, owner) if sock else None
+        if sock and refused:
+            errors.append({"source": "flight recorder", "message": f"rank {rank}: socket {sock}: {refused}"})
+        elif sock:
             dump, err = fetch_fr_trace(sock)
             if dump:
                 add("fr-rank%s.json" % rank, "flight_recorder", dump, rank, pid)
@@ -804,10 +890,12 @@ def _collect_rank_files(procs: list[dict], host: str, add, errors: list[dict]) -
             if not prefix:
                 continue
             path = f"{prefix}{rank}"
-            if path in seen or not os.path.isfile(path):
+            if path in seen or not os.path.lexists(path):
                 continue
             seen.add(path)
-            raw = _read(path, 64 << 20)
+            raw, why = _owned_file(path, owner, 64 << 20, tail=False)
+            if why:
+                errors.append({"source": "flight recorder", "message": f"rank {rank}: {path}: {why}"})
             if raw:
                 # Flight Recorder dumps are pickles: carried as latin-1 text, decoded back by the reader.
                 add(f"fr-rank{rank}.bin", "flight_recorder", raw.decode("latin-1"), rank, pid)
