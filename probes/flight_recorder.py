@@ -123,8 +123,10 @@ def load(data: bytes) -> tuple[Any, str | None]:
                 # (a 2**62-byte bytearray: MemoryError, and noise on stderr). pickletools reads, never allocates.
                 for _ in pickletools.genops(data):
                     pass
-            obj = _PlainDataUnpickler(io.BytesIO(data)).load()
+            obj = _unpickle(data)
         except Exception as e:  # noqa: BLE001 - truncated, corrupt or hostile pickles all end here
+            if isinstance(e, Refused):
+                return None, f"refused pickle: {e}"
             if isinstance(e, EOFError) or "truncated" in str(e) or "remain" in str(e):
                 return None, "unreadable pickle: cut short (a truncated file?)"
             return None, f"unreadable pickle ({type(e).__name__}: {_short(e)})"
@@ -144,6 +146,72 @@ def load(data: bytes) -> tuple[Any, str | None]:
             else "neither a pickle nor JSON"
         )
         return None, f"{what} ({type(e).__name__}: {_short(e)})"
+
+
+# Objects a pickle builds cost up to ~100 bytes per byte of pickle (an empty dict is 64 bytes, its opcode one), and
+# the check on what it unpacked to can only run after: a pickle bigger than IN_PROCESS is unpickled in a child
+# process whose memory and CPU time are capped, and comes back as marshal data (the same plain types).
+IN_PROCESS = 256 << 10
+CHILD_PER_BYTE = 16  # memory the child may add per byte of pickle (real dumps unpack to ~3x their size) ...
+CHILD_SLACK = 64 << 20  # ... plus this
+CHILD_MEMORY = 768 << 20  # and never more than this
+CHILD_CPU_SECONDS = 20
+
+
+class Refused(Exception):
+    """A pickle whose unpickling would cost more than hangdx allows."""
+
+
+def _unpickle(data: bytes) -> Any:
+    if len(data) <= IN_PROCESS:
+        return _PlainDataUnpickler(io.BytesIO(data)).load()
+    import marshal
+    import subprocess
+    import sys
+
+    code = "from hangdx.probes.flight_recorder import _child; _child()"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", code, str(CHILD_MEMORY), str(CHILD_CPU_SECONDS)],
+            input=data,
+            capture_output=True,
+            timeout=CHILD_CPU_SECONDS + 10,
+        )
+    except subprocess.TimeoutExpired:
+        raise Refused(f"unpickling took over {CHILD_CPU_SECONDS} s") from None
+    if r.returncode == 0:
+        return marshal.loads(r.stdout)
+    why = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    if r.returncode in (3, -9, -24) or not why:  # MemoryError, killed at the memory or CPU limit
+        allowed = min(CHILD_MEMORY, CHILD_PER_BYTE * len(data) + CHILD_SLACK) >> 20
+        raise Refused(
+            f"its {len(data):,} bytes need more than {allowed} MB or {CHILD_CPU_SECONDS} s to unpickle"
+        )
+    raise pickle.UnpicklingError(why[-1][:200])
+
+
+def _child() -> None:
+    """In the child: limits first, then unpickle standard input and write it back as marshal data."""
+    import marshal
+    import resource
+    import sys
+
+    memory, cpu = int(sys.argv[1]), int(sys.argv[2])
+    data = sys.stdin.buffer.read()
+    with open("/proc/self/status") as f:
+        base = next((int(x.split()[1]) << 10 for x in f if x.startswith("VmSize:")), 0)
+    limit = base + min(memory, CHILD_PER_BYTE * len(data) + CHILD_SLACK)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    try:
+        obj = _PlainDataUnpickler(io.BytesIO(data)).load()
+        out = marshal.dumps(obj)
+    except MemoryError:
+        sys.exit(3)
+    except Exception as e:  # noqa: BLE001 - said in one line to the parent
+        sys.stderr.write(f"{type(e).__name__}: {_short(e)}\n")
+        sys.exit(4)
+    sys.stdout.buffer.write(out)
 
 
 def _short(e: Exception) -> str:

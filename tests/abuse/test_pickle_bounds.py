@@ -1,0 +1,61 @@
+"""Issue 10.7: a Flight Recorder pickle is bounded in memory and time while it is unpickled, not after.
+
+The attack: a small pickle of many nested containers (an 8 MB one unpacked to 416 MB, a 60 MB one to 3.1 GB in
+20 s). Big pickles are unpickled in a child process whose memory and CPU time are capped by the pickle's size;
+hangdx's own process stays small, and the answer is a one-line refusal."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hangdx.probes import flight_recorder as fr
+
+PROBE = """
+import json, resource, sys, time
+from hangdx.probes import flight_recorder as fr
+data = sys.stdin.buffer.read()
+t = time.monotonic()
+obj, why = fr.load(data)
+print(json.dumps({"why": why, "ok": obj is not None, "secs": time.monotonic() - t,
+                  "self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10,
+                  "child_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10}))
+"""
+
+
+def _load_in_a_fresh_process(data: bytes) -> dict:
+    r = subprocess.run([sys.executable, "-c", PROBE], input=data, capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-500:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("mb", [8, 60])
+def test_a_pickle_of_nested_lists_is_refused_in_bounded_memory_and_time(mb):
+    n = mb * 1_000_000 // 2
+    data = b"\x80\x02]" + b"]a" * n + b"."  # one list holding n new empty lists: ~64 bytes each per 2 bytes
+    got = _load_in_a_fresh_process(data)
+    assert not got["ok"] and got["why"].startswith("refused pickle: its "), got
+    assert got["self_mb"] < 3 * mb + 100, (
+        got
+    )  # hangdx itself: the pickle's bytes (read, passed on) and no more
+    assert got["child_mb"] < min(16 * mb + 64, 768) + 120, got  # the child: its cap (plus Python itself)
+    assert got["secs"] < 30, got
+
+
+def test_a_real_sized_dump_still_loads():
+    entries = [
+        {"profiling_name": "nccl:all_reduce", "collective_seq_id": i, "state": "completed",
+         "frames": [{"name": f"fn{j}", "filename": f"/w/train{j}.py", "line": j} for j in range(20)]}
+        for i in range(3000)
+    ]  # fmt: skip
+    data = pickle.dumps({"version": "2.4", "pg_config": {}, "entries": entries}, protocol=2)
+    assert len(data) > fr.IN_PROCESS  # taken by the child
+    t = time.monotonic()
+    obj, why = fr.load(data)
+    assert why is None and len(obj["entries"]) == 3000 and obj["entries"][5]["collective_seq_id"] == 5
+    assert time.monotonic() - t < 10
