@@ -100,14 +100,86 @@ def _fingerprint(key: paramiko.PKey) -> str:
     return f"{key.get_name()} {key.fingerprint}"
 
 
+class KnownHosts:
+    """A known_hosts file as OpenSSH reads it: plain and hashed entries, `@revoked` keys (refused whoever
+    offers them) and `@cert-authority` lines (kept aside: hangdx does not verify host certificates, and says so
+    for a host that only a CA line covers, instead of failing every host)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[list[str], paramiko.PKey]] = []
+        self.revoked: set[tuple[str, str]] = set()  # (key type, base64)
+        self.ca_lines = 0
+
+    @classmethod
+    def read(cls, path: str) -> KnownHosts:
+        kh = cls()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                kh._line(line.strip())
+        return kh
+
+    def _line(self, line: str) -> None:
+        if not line or line.startswith("#"):
+            return
+        marker = None
+        if line.startswith("@"):
+            marker, _, line = line.partition(" ")
+        if marker == "@cert-authority":
+            self.ca_lines += 1
+            return
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
+        except (paramiko.SSHException, ValueError, TypeError):
+            return  # a line OpenSSH would skip too: it breaks no other host
+        if entry is None or entry.key is None:
+            return
+        if marker == "@revoked":
+            self.revoked.add((entry.key.get_name(), entry.key.get_base64()))
+        elif marker is None:
+            self.entries.append((entry.hostnames, entry.key))
+
+    def install(self, client: paramiko.SSHClient) -> None:
+        keys = client.get_host_keys()
+        for names, key in self.entries:
+            if (key.get_name(), key.get_base64()) in self.revoked:
+                continue
+            for name in names:
+                keys.add(name, key.get_name(), key)
+
+    def is_revoked(self, key: paramiko.PKey) -> bool:
+        return (key.get_name(), key.get_base64()) in self.revoked
+
+
 class _RejectUnknown(paramiko.RejectPolicy):
     """RejectPolicy that says which key was offered and how to verify it."""
 
-    def __init__(self, label: str, spec: HostSpec, known_hosts: str, known_hosts_missing: bool):
+    def __init__(
+        self,
+        label: str,
+        spec: HostSpec,
+        known_hosts: str,
+        known_hosts_missing: bool,
+        kh: KnownHosts | None = None,
+    ):
         self.label, self.spec, self.known_hosts, self.missing = label, spec, known_hosts, known_hosts_missing
+        self.kh = kh or KnownHosts()
 
     def missing_host_key(self, client, hostname, key):
         spec = self.spec
+        if self.kh.is_revoked(key):
+            raise _Problem(
+                "host_key_changed",
+                f"{self.label}: {_hostport(spec)} offers {_fingerprint(key)}, a key marked @revoked in "
+                f"{self.known_hosts}; nothing was run",
+            )
+        if self.kh.ca_lines:
+            raise _Problem(
+                "host_key_unknown",
+                f"{self.label}: the host key of {_hostport(spec)} ({_fingerprint(key)}) is not in "
+                f"{self.known_hosts}; its @cert-authority lines are not used (hangdx does not verify SSH host "
+                f"certificates yet); nothing was run. Fix: add the host's own key line (`ssh-keyscan`, checked "
+                f"out of band)",
+            )
         port = "" if spec.port == 22 else f"-p {spec.port} "
         where = f"{self.known_hosts} (which does not exist)" if self.missing else self.known_hosts
         raise _Problem(
@@ -247,16 +319,18 @@ class _Probe:
         self.phase = f"opening SSH to {_hostport(spec)}"
         client = self._track(paramiko.SSHClient())
         missing = False
+        kh = KnownHosts()
         try:
-            client.load_host_keys(s.known_hosts)
+            kh = KnownHosts.read(s.known_hosts)
         except FileNotFoundError:
             missing = True
         except OSError as e:
             raise _Problem(
                 "error", f"{label}: cannot read known_hosts {s.known_hosts}: {e.strerror}"
             ) from None
-        # Never AutoAddPolicy and never save_host_keys: an unknown key stops the run.
-        client.set_missing_host_key_policy(_RejectUnknown(label, spec, s.known_hosts, missing))
+        kh.install(client)
+        # Never AutoAddPolicy and never save_host_keys: an unknown (or revoked) key stops the run.
+        client.set_missing_host_key_policy(_RejectUnknown(label, spec, s.known_hosts, missing, kh))
         key = spec.key_file or s.key_file
         if key and not os.access(key, os.R_OK):
             raise _Problem("auth", f"{label}: key file {key} does not exist or is not readable")

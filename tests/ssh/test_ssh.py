@@ -285,6 +285,41 @@ def test_changed_host_key_is_refused(sshd, tmp_path):
     assert kh.read_text().count("\n") == 1
 
 
+def test_cert_authority_and_revoked_lines_break_no_host(sshd, tmp_path):
+    """Issue 10.8: a site with an SSH CA has @cert-authority lines; one used to make every host fail."""
+    ca = tmp_path / "ca"
+    ca_type, ca_b64 = _keygen(ca)
+    other = tmp_path / "old"
+    old_type, old_b64 = _keygen(other)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        f"@cert-authority *.cluster.example {ca_type} {ca_b64}\n"
+        f"@revoked * {old_type} {old_b64}\n" + Path(sshd.known_hosts).read_text()
+    )
+    doc = probe_host(sshd.host(), sshd.settings(known_hosts=str(kh)), b"", _deadline())
+    assert doc.get("problem") is None or doc["problem"]["kind"] not in ("host_key_unknown", "error"), doc
+
+
+def test_a_revoked_host_key_is_refused_even_when_listed(sshd, tmp_path):
+    host_type, host_b64 = sshd.host_pub.read_text().split()[:2]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"@revoked * {host_type} {host_b64}\n" + Path(sshd.known_hosts).read_text())
+    sshd.command_log.unlink(missing_ok=True)
+    doc = probe_host(sshd.host(port=sshd.record_port), sshd.settings(known_hosts=str(kh)), b"", _deadline())
+    kind, message = _problem(doc)
+    assert kind == "host_key_changed" and "marked @revoked" in message, message
+    assert not sshd.command_log.exists()
+
+
+def test_a_host_only_a_cert_authority_covers_is_refused_with_why(sshd, tmp_path):
+    ca_type, ca_b64 = _keygen(tmp_path / "ca")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"@cert-authority * {ca_type} {ca_b64}\n")
+    doc = probe_host(sshd.host(), sshd.settings(known_hosts=str(kh)), b"", _deadline())
+    kind, message = _problem(doc)
+    assert kind == "host_key_unknown" and "does not verify SSH host certificates" in message, message
+
+
 # -- connecting and authenticating ---------------------------------------------------------------------
 
 
