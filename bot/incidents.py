@@ -5,7 +5,7 @@ Keys (all under `hangdx:`; values are strings or JSON, never pickle):
     hangdx:incident:<job>            hash: job_id, status, created, updated, channel, thread_ts, owner,
                                      last_request (JSON), diagnosis (queued | running | done | failed |
                                      interrupted; queued again after its worker died)
-    hangdx:incident:<job>:timeline   list of JSON {time, actor, event, detail}, append-only
+    hangdx:incident:<job>:timeline   list of JSON {time, actor, event, detail}, its last 1000 events
     hangdx:incident:<job>:verdicts   list of JSON Verdict.to_dict(), newest last, capped at MAX_VERDICTS
     hangdx:incidents:open            set of job ids whose incident is not resolved
     hangdx:lock:<job>                the diagnosis lock: a random token, with a short TTL that the running
@@ -132,12 +132,17 @@ def _verdict_event(verdict: dict[str, Any], actor: str, now: float | None = None
 
 
 # Open a new incident, or join the open one, in one step so that concurrent requests make exactly one.
+# A timeline keeps its last TIMELINE_MAX events (the Lua scripts below trim to 1000 too): an alert storm of
+# 200,000 requests made every lookup read them all.
+TIMELINE_MAX = 1000
+
 # KEYS: incident hash, timeline, verdicts, open set, archive hash, archive timeline, archive verdicts
 # ARGV: job, now, request JSON, "opened" event JSON, "joined" event JSON, channel, thread_ts
 _OPEN_OR_JOIN = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status and status ~= 'resolved' then
   redis.call('RPUSH', KEYS[2], ARGV[5])
+  redis.call('LTRIM', KEYS[2], -1000, -1)
   redis.call('HSET', KEYS[1], 'updated', ARGV[2], 'last_request', ARGV[3])
   if ARGV[6] ~= '' and not redis.call('HGET', KEYS[1], 'channel') then
     redis.call('HSET', KEYS[1], 'channel', ARGV[6])
@@ -155,6 +160,7 @@ redis.call('HSET', KEYS[1], 'job_id', ARGV[1], 'status', 'investigating', 'creat
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'channel', ARGV[6]) end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'thread_ts', ARGV[7]) end
 redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call('LTRIM', KEYS[2], -1000, -1)
 redis.call('SADD', KEYS[4], ARGV[1])
 return 1
 """
@@ -172,6 +178,7 @@ if not old or old == 'resolved' then return false end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'updated', ARGV[2])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'owner', ARGV[3]) end
 redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call('LTRIM', KEYS[2], -1000, -1)
 if ARGV[1] == 'resolved' then redis.call('SREM', KEYS[3], ARGV[5]) end
 return old
 """
@@ -211,6 +218,7 @@ redis.call('HSET', KEYS[1], 'rq_job', ARGV[2], 'state', 'running', 'started_at',
 redis.call('HDEL', KEYS[1], 'lapsed_at')
 if redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('RPUSH', KEYS[5], ARGV[6])
+  redis.call('LTRIM', KEYS[5], -1000, -1)
   redis.call('HSET', KEYS[4], 'diagnosis', 'running', 'updated', ARGV[5])
 end
 return n
@@ -248,6 +256,7 @@ redis.call('SREM', KEYS[2], ARGV[1])
 if holder then redis.call('DEL', KEYS[3]) end
 if redis.call('EXISTS', KEYS[4]) == 0 then return 1 end
 redis.call('RPUSH', KEYS[5], ARGV[6])
+redis.call('LTRIM', KEYS[5], -1000, -1)
 if ARGV[5] == 'verdict' then
   redis.call('RPUSH', KEYS[6], ARGV[7])
   redis.call('LTRIM', KEYS[6], -tonumber(ARGV[8]), -1)
@@ -287,6 +296,7 @@ if tries >= tonumber(ARGV[4]) then
   redis.call('SREM', KEYS[2], ARGV[1])
   if has_incident then
     redis.call('RPUSH', KEYS[5], ARGV[9])
+    redis.call('LTRIM', KEYS[5], -1000, -1)
     redis.call('HSET', KEYS[4], 'diagnosis', 'interrupted', 'updated', ARGV[5])
   end
   return {'gave_up', tries}
@@ -295,6 +305,7 @@ redis.call('HSET', KEYS[1], 'rq_job', ARGV[3], 'state', 'queued', 'queued_at', A
 redis.call('HDEL', KEYS[1], 'lapsed_at')
 if has_incident then
   redis.call('RPUSH', KEYS[5], (string.gsub(ARGV[8], '@TRY@', tostring(tries + 1))))
+  redis.call('LTRIM', KEYS[5], -1000, -1)
   redis.call('HSET', KEYS[4], 'diagnosis', 'queued', 'updated', ARGV[5])
 end
 return {'requeued', tries + 1}
@@ -306,6 +317,7 @@ _ORPHAN = """
 if redis.call('HGET', KEYS[1], 'diagnosis') ~= 'running' or redis.call('EXISTS', KEYS[3]) == 1
    or redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('LTRIM', KEYS[2], -1000, -1)
 redis.call('HSET', KEYS[1], 'diagnosis', 'interrupted', 'updated', ARGV[2])
 return 1
 """
@@ -431,7 +443,7 @@ class IncidentStore:
         ev = _event(actor, "handed_off", f"to {to}")
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(base, mapping={"owner": to, "updated": repr(ev["time"])})
-        pipe.rpush(base + ":timeline", json.dumps(ev))
+        pipe.rpush(base + ":timeline", json.dumps(ev)).ltrim(base + ":timeline", -TIMELINE_MAX, -1)
         pipe.execute()
 
     @_unavailable
@@ -443,7 +455,7 @@ class IncidentStore:
         if diagnosis:
             fields["diagnosis"] = diagnosis
         pipe = self.r.pipeline(transaction=True)
-        pipe.rpush(base + ":timeline", json.dumps(ev))
+        pipe.rpush(base + ":timeline", json.dumps(ev)).ltrim(base + ":timeline", -TIMELINE_MAX, -1)
         pipe.hset(base, mapping=fields)
         pipe.execute()
 
@@ -455,7 +467,7 @@ class IncidentStore:
         pipe = self.r.pipeline(transaction=True)
         pipe.rpush(base + ":verdicts", json.dumps(verdict))
         pipe.ltrim(base + ":verdicts", -MAX_VERDICTS, -1)
-        pipe.rpush(base + ":timeline", json.dumps(ev))
+        pipe.rpush(base + ":timeline", json.dumps(ev)).ltrim(base + ":timeline", -TIMELINE_MAX, -1)
         pipe.hset(base, mapping={"updated": repr(ev["time"]), "diagnosis": "done"})
         pipe.execute()
         # Only a fresh incident moves on by itself; an acknowledged or resolved one keeps its human status.

@@ -306,3 +306,16 @@ def test_redis_down_raises_store_unavailable(tmp_path) -> None:
         with pytest.raises(StoreUnavailable, match=r"redis at 127\.0\.0\.1:\d+ is unavailable"):
             call()
     assert time.monotonic() - started < 10
+
+
+def test_an_alert_storm_does_not_grow_the_timeline_without_bound(store: IncidentStore) -> None:
+    """Issue 10.9: 200,000 requests on one incident made each lookup read 200,000 timeline entries."""
+    from hangdx.bot.incidents import TIMELINE_MAX
+
+    for i in range(TIMELINE_MAX + 300):
+        store.open_or_join(req("storm", who=f"U{i % 5}", source="alert"))
+    store.add_event("storm", "U1", "button_ack")
+    inc = store.get("storm")
+    assert len(inc.timeline) == TIMELINE_MAX
+    assert inc.timeline[-1]["event"] == "button_ack"  # the latest are the ones kept
+    assert store.r.llen("hangdx:incident:storm:timeline") == TIMELINE_MAX
