@@ -50,8 +50,9 @@ MAX_INVENTORY_BYTES = 8 << 20
 # 123, 123_4 (array task), 123+1 (het job component): nothing else reaches scontrol.
 _JOB_ID = re.compile(r"\d{1,20}(?:_\d{1,10}|\+\d{1,5})?")
 _RANGE_GROUP = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
-_NODELIST = re.compile(r"[A-Za-z0-9._,\[\]-]{1,65536}")
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
+# Never a leading dash: a node list or name reaches scontrol and ssh as an argument, where it would be an option.
+_NODELIST = re.compile(r"[A-Za-z0-9._\[\]][A-Za-z0-9._,\[\]-]{0,65535}")
+_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,252}")
 _USER = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # States whose processes may still be on the nodes: a job stuck COMPLETING often has ranks that won't die.
 LIVE_STATES = {"RUNNING", "COMPLETING"}

@@ -241,3 +241,18 @@ def test_bad_slurm_job_ids_never_reach_scontrol(job_id):
 def test_missing_scontrol_is_a_one_line_resolve_error():
     with pytest.raises(ResolveError, match="not found"):
         from_slurm("123", scontrol="/nonexistent/scontrol")
+
+
+def test_a_node_list_or_name_beginning_with_a_dash_never_reaches_scontrol_or_ssh(tmp_path):
+    """Issue 10.9: a NodeList from scontrol beginning with '-' was passed on as an option."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "scontrol"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        'if [ "$3" = job ]; then echo "JobId=77 JobState=RUNNING NodeList=--local"; fi\n'
+    )
+    fake.chmod(0o755)
+    with pytest.raises(ResolveError, match="a node list hangdx cannot read"):
+        from_slurm("77", scontrol=str(fake))
+    assert "hostnames" not in log.read_text()
