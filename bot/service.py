@@ -68,7 +68,9 @@ class Service:
         self._reaper: Reaper | None = None
 
     def options(self, req: DiagnoseRequest) -> DiagnoseOptions:
-        how = f"hosts:{','.join(req.hosts)}" if req.hosts else self.cfg.resolver
+        # An IPv6 address goes in brackets, as the hosts resolver reads one ([fe80::1] or [fe80::1]:22).
+        hosts = [f"[{h}]" if ":" in h else h for h in req.hosts]
+        how = f"hosts:{','.join(hosts)}" if hosts else self.cfg.resolver
         return DiagnoseOptions(how=how)
 
     def submit(self, req: DiagnoseRequest) -> str:

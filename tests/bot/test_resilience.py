@@ -353,3 +353,18 @@ def test_a_thread_says_joined_once_per_person_however_often_they_ask(service, sl
     ]
     assert len(joins) == 1, joins  # who opened it asking again is no news; the second person, once
     assert "<@U0ONCALL02>" in joins[0]
+
+
+def test_an_ipv6_host_an_alert_names_reaches_the_worker_as_a_host_it_can_read(service):
+    """Issue 10.9: `[fe80::1]:9100` passed /alerts, then failed in the worker ("not a host")."""
+    from hangdx.bot.alerts import parse_alerts
+    from hangdx.probes import resolve
+
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "Stalled", "job_id": "77", "instance": "[fe80::1]:9100"},
+    }
+    (request,), _ = parse_alerts({"alerts": [alert]}, CHANNEL)
+    request.hosts.append("gpu-node-03")
+    hosts, _ = resolve.resolve_with_settings("77", service.options(request).how)
+    assert [h.name for h in hosts] == ["fe80::1", "gpu-node-03"]
