@@ -108,9 +108,11 @@ def _add_ssh_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--jump", metavar="HOST", help="reach the nodes through this bastion ([user@]host[:port])")
     p.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to reach one host (default 10)"
+        "--connect-timeout", type=float, help="seconds to reach one host (default: the inventory's, else 10)"
     )
-    p.add_argument("--deadline", type=float, default=120.0, help="seconds for the whole probe (default 120)")
+    p.add_argument(
+        "--deadline", type=float, help="seconds for the whole probe (default: the inventory's, else 120)"
+    )
 
 
 def _ssh_flags(args: argparse.Namespace) -> dict:

@@ -34,8 +34,9 @@ class DiagnoseOptions:
     ssh_key: str | None = None
     known_hosts: str | None = None
     jump: str | None = None
-    connect_timeout: float = 10.0
-    deadline: float = 120.0
+    # None: the inventory's `ssh:` setting, else SshSettings' default (10 s, 120 s); a flag given wins over both.
+    connect_timeout: float | None = None
+    deadline: float | None = None
 
 
 def check_job_id(job_id: str) -> str:
@@ -127,8 +128,10 @@ def ssh_targets(job_id: str | None, how: str, opts: DiagnoseOptions) -> tuple[li
             f"no known_hosts file at {settings.known_hosts}: hangdx verifies every host key and never adds one "
             "(give --known-hosts FILE, or collect the keys with ssh-keyscan and check their fingerprints)"
         )
-    settings.connect_timeout = opts.connect_timeout
-    settings.deadline = opts.deadline
+    if opts.connect_timeout is not None:
+        settings.connect_timeout = opts.connect_timeout
+    if opts.deadline is not None:
+        settings.deadline = opts.deadline
     if jump is not None:
         hosts = [h if h.jump else replace(h, jump=jump) for h in hosts]
     return hosts, settings

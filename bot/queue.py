@@ -121,7 +121,9 @@ def queue(conn: redis.Redis) -> Queue:
 
 def run_budget(opts: DiagnoseOptions) -> float:
     """Long enough for the slowest diagnosis these options allow: RQ's job timeout is a little more."""
-    return opts.deadline + opts.samples * max(0.0, opts.interval) + 60.0
+    # No deadline given: the inventory's may be longer than the default, so the budget allows for 10 minutes.
+    deadline = opts.deadline if opts.deadline is not None else 600.0
+    return deadline + opts.samples * max(0.0, opts.interval) + 60.0
 
 
 def enqueue_diagnosis(conn: redis.Redis, req: DiagnoseRequest, opts: DiagnoseOptions) -> str:

@@ -256,3 +256,19 @@ def test_a_node_list_or_name_beginning_with_a_dash_never_reaches_scontrol_or_ssh
     with pytest.raises(ResolveError, match="a node list hangdx cannot read"):
         from_slurm("77", scontrol=str(fake))
     assert "hostnames" not in log.read_text()
+
+
+def test_the_inventory_ssh_timeouts_hold_unless_a_flag_says_otherwise(tmp_path):
+    """Issue 10.9: the inventory's connect_timeout and deadline were overridden by the command line's defaults."""
+    from hangdx.bot.diagnosis import DiagnoseOptions, ssh_targets
+
+    (tmp_path / "known_hosts").write_text("")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        f"ssh:\n  known_hosts: {tmp_path / 'known_hosts'}\n  connect_timeout: 3\n  deadline: 400\n"
+        "jobs:\n  '42': [node1]\n"
+    )
+    _, settings = ssh_targets("42", f"inventory:{inv}", DiagnoseOptions(how=f"inventory:{inv}"))
+    assert (settings.connect_timeout, settings.deadline) == (3, 400)
+    _, settings = ssh_targets("42", f"inventory:{inv}", DiagnoseOptions(how=f"inventory:{inv}", deadline=30))
+    assert (settings.connect_timeout, settings.deadline) == (3, 30)
