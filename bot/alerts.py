@@ -27,7 +27,12 @@ Submit = Callable[[DiagnoseRequest], str]
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 # Labels naming the node that fired (DCGM exporter's is `Hostname`); any :port is taken off.
 _HOST_LABELS = ("instance", "node", "host", "hostname", "Hostname")
-MAX_ALERT_BYTES = 1 << 20  # any request body: Slack's are a few KiB, an Alertmanager group a few hundred
+MAX_ALERT_BYTES = 1 << 20  # any request body but /alerts': Slack's are a few KiB
+# An Alertmanager group can be bigger than any other body: its first ALERT_READ bytes are read and the alerts in
+# them diagnosed (answered 2xx with what was skipped: Alertmanager does not retry a 4xx, so a 413 loses the
+# notification); a body over ALERT_MAX is not read at all.
+ALERT_READ = 4 << 20
+ALERT_MAX = 64 << 20
 MAX_ALERTS = 500  # alerts read from one payload; the rest are named in one line
 MAX_ALERT_JOBS = 20  # jobs diagnosed from one payload: an alert storm must not start a hundred diagnoses
 MAX_ALERT_HOSTS = 4096
@@ -184,6 +189,26 @@ def _parse_alertmanager(
     return list(by_job.values()), skipped
 
 
+def salvage_alertmanager(head: bytes) -> dict[str, Any] | None:
+    """The alerts whole in the first bytes of an Alertmanager group too big to read (its `alerts` array comes
+    before its common labels), as a payload; None when the head is not one."""
+    text = head.decode("utf-8", "ignore")
+    start = text.find('"alerts"')
+    bracket = text.find("[", start) if start >= 0 else -1
+    if bracket < 0 or text[start + len('"alerts"') : bracket].strip() != ":":
+        return None
+    decoder, pos, alerts = json.JSONDecoder(), bracket + 1, []
+    while len(alerts) < MAX_ALERTS:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            alert, pos = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            break  # the alert cut off by the limit, or the array's end
+        alerts.append(alert)
+    return {"alerts": alerts} if alerts else None
+
+
 def json_error(status: int, message: str):
     """A one-line JSON error, redacted and clipped: what every HTTP route answers when it refuses."""
     return jsonify({"ok": False, "error": clip(redact(message), 300)}), status
@@ -205,10 +230,15 @@ def register(flask_app: Flask, config: BotConfig, submit: Submit) -> None:
             or not hmac.compare_digest(token.strip().encode(), config.alert_token.encode())
         ):
             return json_error(401, "wrong or missing bearer token")
+        request.max_content_length = ALERT_MAX
+        raw = request.stream.read(ALERT_READ + 1)
+        cut = len(raw) > ALERT_READ
         try:
-            payload = json.loads(request.get_data())
+            payload = json.loads(raw) if not cut else salvage_alertmanager(raw[:ALERT_READ])
         except (ValueError, RecursionError):
             return json_error(400, "body is not JSON")
+        if payload is None:
+            return json_error(413, f"request body over {ALERT_READ} bytes")
         try:
             reqs, skipped = parse_alerts(
                 payload, config.alert_channel, config.allowed_channels, config.alert_job_labels
@@ -217,6 +247,11 @@ def register(flask_app: Flask, config: BotConfig, submit: Submit) -> None:
             return json_error(400, str(e))
         except RecursionError:
             return json_error(400, "body is nested too deeply")
+        if cut:
+            n = len(payload.get("alerts") or [])
+            skipped.insert(
+                0, f"the group is over {ALERT_READ >> 20} MiB: its first {n} alerts were read, the rest not"
+            )
         if not reqs and skipped:
             return json_error(400, skipped[0])
         accepted = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,6 +37,8 @@ class DiagnoseOptions:
     # None: the inventory's `ssh:` setting, else SshSettings' default (10 s, 120 s); a flag given wins over both.
     connect_timeout: float | None = None
     deadline: float | None = None
+    # Nodes an alert named: probed first; probed alone only when the resolver does not know the job.
+    hint_hosts: list[str] = field(default_factory=list)
 
 
 def check_job_id(job_id: str) -> str:
@@ -53,19 +55,30 @@ def check_resolver(how: str) -> str:
     raise DiagnosisError(f"resolver {how!r}: expected {RESOLVERS}")
 
 
-def collect(job_id: str, opts: DiagnoseOptions, progress: Progress | None = None) -> list[dict]:
-    """Collector documents, one per host, for the job; progress(done, total) as hosts report."""
+def _hosts_how(hosts: list[str]) -> str:
+    # An IPv6 address goes in brackets, as the hosts resolver reads one ([fe80::1] or [fe80::1]:22).
+    return "hosts:" + ",".join(f"[{h}]" if ":" in h else h for h in hosts)
+
+
+def collect(
+    job_id: str, opts: DiagnoseOptions, progress: Progress | None = None, notes: list[str] | None = None
+) -> list[dict]:
+    """Collector documents, one per host, for the job; progress(done, total) as hosts report; `notes` gets how
+    the hosts were chosen when that is worth saying in the verdict."""
     check_job_id(job_id)
     if not 1 <= opts.samples <= 20:
         raise DiagnosisError("samples: 1 to 20")
     how = check_resolver(opts.how)
     interval = max(0.0, opts.interval)
+    if how == "local" and opts.hint_hosts:
+        # This machine knows no other node: the nodes the alert named are the only ones to probe.
+        how = _hosts_how(opts.hint_hosts)
     if how == "local":
         docs = collect_local(job_id, samples=opts.samples, interval=interval)
         if progress is not None:
             progress(1, 1)
         return docs
-    return _collect_remote(job_id, how, opts, interval, progress)
+    return _collect_remote(job_id, how, opts, interval, progress, notes)
 
 
 def verdict_of(docs: list[dict], job_id: str) -> Verdict:
@@ -81,8 +94,14 @@ def diagnose(
 ) -> tuple[Verdict, list[dict]]:
     """The verdict and the raw documents it came from (a bundle to keep)."""
     started = time.monotonic()
-    docs = collect(job_id, opts, progress)
+    notes: list[str] = []
+    docs = collect(job_id, opts, progress, notes)
     verdict = verdict_of(docs, job_id)
+    if opts.hint_hosts:
+        from hangdx.playbooks.wording import name_set
+
+        notes.insert(0, f"alert fired on {name_set(opts.hint_hosts)}")
+    verdict.notes = notes + verdict.notes
     verdict.elapsed_seconds = time.monotonic() - started
     return verdict, docs
 
@@ -105,14 +124,30 @@ def analyze_texts(parts: list[tuple[str, BinaryIO]]) -> Verdict:
     return verdict
 
 
-def ssh_targets(job_id: str | None, how: str, opts: DiagnoseOptions) -> tuple[list[HostSpec], SshSettings]:
+def ssh_targets(
+    job_id: str | None, how: str, opts: DiagnoseOptions, notes: list[str] | None = None
+) -> tuple[list[HostSpec], SshSettings]:
     """The hosts to reach and how: the job's hosts (job_id None: every host of an inventory's jobs) and the
-    SSH settings (the flags over the inventory's `ssh:` section over the defaults). Used by diagnose and doctor."""
+    SSH settings (the flags over the inventory's `ssh:` section over the defaults), the nodes an alert named
+    first. When the resolver does not know the job, the alert's nodes alone, with the default settings (said in
+    `notes`). Used by diagnose and doctor."""
     from hangdx.probes import resolve
     from hangdx.probes.hosts import HostError, parse_host
 
     try:
-        hosts, overrides = resolve.resolve_with_settings(job_id, how)
+        try:
+            hosts, overrides = resolve.resolve_with_settings(job_id, how)
+        except (HostError, resolve.ResolveError) as e:
+            if not opts.hint_hosts:
+                raise
+            hosts, overrides = resolve.resolve_with_settings(job_id, _hosts_how(opts.hint_hosts))
+            if notes is not None:
+                notes.append(
+                    f"the resolver ({how.split(':')[0]}) does not know this job ({e}): probed only the nodes "
+                    "the alert named, with the default SSH settings"
+                )
+        hinted = set(opts.hint_hosts)
+        hosts = sorted(hosts, key=lambda h: h.name not in hinted)  # the alerting nodes first
         settings = SshSettings()
         for key, value in overrides.items():
             if hasattr(settings, key):
@@ -138,11 +173,16 @@ def ssh_targets(job_id: str | None, how: str, opts: DiagnoseOptions) -> tuple[li
 
 
 def _collect_remote(
-    job_id: str, how: str, opts: DiagnoseOptions, interval: float, progress: Progress | None = None
+    job_id: str,
+    how: str,
+    opts: DiagnoseOptions,
+    interval: float,
+    progress: Progress | None = None,
+    notes: list[str] | None = None,
 ) -> list[dict]:
     from hangdx.probes import ssh
 
-    hosts, settings = ssh_targets(job_id, how, opts)
+    hosts, settings = ssh_targets(job_id, how, opts, notes)
     if progress is not None:
         progress(0, len(hosts))
     return ssh.fan_out(hosts, settings, job_id, samples=opts.samples, interval=interval, progress=progress)

@@ -69,7 +69,7 @@ def http_server(flask_app, host: str, port: int):
     """A waitress server for `flask_app` on host:port (port 0: any free port); `.run()` until SIGTERM/SIGINT."""
     from waitress.server import create_server
 
-    from hangdx.bot.alerts import MAX_ALERT_BYTES
+    from hangdx.bot.alerts import ALERT_MAX
 
     return create_server(
         flask_app,
@@ -80,7 +80,7 @@ def http_server(flask_app, host: str, port: int):
         channel_timeout=HTTP_IDLE,
         cleanup_interval=2,
         backlog=HTTP_BACKLOG,
-        max_request_body_size=MAX_ALERT_BYTES + 1,
+        max_request_body_size=ALERT_MAX,  # /alerts reads its first 4 MiB; every other route 1 MiB
         max_request_header_size=64 * 1024,
         ident="hangdx",
         clear_untrusted_proxy_headers=True,

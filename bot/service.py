@@ -68,10 +68,9 @@ class Service:
         self._reaper: Reaper | None = None
 
     def options(self, req: DiagnoseRequest) -> DiagnoseOptions:
-        # An IPv6 address goes in brackets, as the hosts resolver reads one ([fe80::1] or [fe80::1]:22).
-        hosts = [f"[{h}]" if ":" in h else h for h in req.hosts]
-        how = f"hosts:{','.join(hosts)}" if hosts else self.cfg.resolver
-        return DiagnoseOptions(how=how)
+        # The nodes an alert named are hints: the resolver (with its SSH settings) finds the job's hosts, the
+        # alerting ones are probed first and named in the verdict (bot/diagnosis.py, ssh_targets).
+        return DiagnoseOptions(how=self.cfg.resolver, hint_hosts=list(req.hosts))
 
     def submit(self, req: DiagnoseRequest) -> str:
         """Open (or join) the job's incident, give it one thread, queue the diagnosis (or join the one queued or

@@ -83,6 +83,7 @@ class Verdict:
     gaps: list[str] = field(default_factory=list)
     elapsed_seconds: float | None = None
     read: list[str] = field(default_factory=list)  # which parts of the texts were read as what, which skipped
+    notes: list[str] = field(default_factory=list)  # how the evidence was gathered ("alert fired on node17")
 
     @property
     def root_cause(self) -> Finding | None:
@@ -105,4 +106,5 @@ class Verdict:
             "findings": [f.to_dict() for f in self.findings],
             "gaps": list(self.gaps),
             "read": list(self.read),
+            "notes": list(self.notes),
         }

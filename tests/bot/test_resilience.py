@@ -366,5 +366,9 @@ def test_an_ipv6_host_an_alert_names_reaches_the_worker_as_a_host_it_can_read(se
     }
     (request,), _ = parse_alerts({"alerts": [alert]}, CHANNEL)
     request.hosts.append("gpu-node-03")
-    hosts, _ = resolve.resolve_with_settings("77", service.options(request).how)
+    from hangdx.bot.diagnosis import _hosts_how
+
+    opts = service.options(request)
+    assert opts.hint_hosts == ["fe80::1", "gpu-node-03"]
+    hosts, _ = resolve.resolve_with_settings("77", _hosts_how(opts.hint_hosts))
     assert [h.name for h in hosts] == ["fe80::1", "gpu-node-03"]
