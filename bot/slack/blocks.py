@@ -183,6 +183,9 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
     context = []
     if others:
         context.append("Also considered: " + "; ".join(others))
+    notes = verdict.get("notes") or []
+    if notes:
+        context.append("; ".join(escape(n, 300) for n in notes[:3]).capitalize())
     gaps = verdict.get("gaps") or []
     if gaps:
         context.append("Not collected: " + "; ".join(escape(g) for g in gaps[:5]))
