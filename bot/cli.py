@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("worker", help="run diagnoses queued in Redis")
     i = sub.add_parser("incident", help="an incident kept in Redis, as Markdown for a hand-off or postmortem")
     i.add_argument("job_id", metavar="JOBID")
+    h = sub.add_parser("history", help="the incidents that involved a host, GPU, link or job (fleet memory)")
+    h.add_argument("name", metavar="HOST|JOB")
+    h.add_argument("--json", action="store_true")
     _add_watch(sub)
     return ap
 
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_worker(args)
         if args.command == "incident":
             return cmd_incident(args)
+        if args.command == "history":
+            return cmd_history(args)
         if args.command == "watch":
             return cmd_watch(args)
         ap.print_help()
@@ -303,6 +308,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             store=service.store,
             health=service.health,
             analyze=service.analyze,
+            history=service.history,
+            resolution=service.resolution,
         )
     except (ConfigError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
@@ -334,6 +341,37 @@ def cmd_incident(args: argparse.Namespace) -> int:
         sys.stdout.write(store.markdown(args.job_id))
     except (DiagnosisError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    import json
+    import re
+
+    import redis
+
+    from hangdx.bot.incidents import connect
+    from hangdx.bot.memory import Memory
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,252}", args.name):
+        raise UsageError(f"{args.name[:80]!r} is not a host, GPU, link or job name")
+    cfg = _bot_config()
+    try:
+        recs = Memory(connect(cfg.redis_url)).history(args.name)
+    except redis.exceptions.RedisError as e:
+        raise UsageError(f"redis at {cfg.redis_url}: {' '.join(str(e).split())[:200]}") from None
+    if args.json:
+        sys.stdout.write(json.dumps(recs, indent=2) + "\n")
+        return 0
+    if not recs:
+        sys.stdout.write(f"no incident involved {args.name} in the fleet memory\n")
+        return 0
+    sys.stdout.write(f"{args.name}: {len(recs)} incident(s)\n")
+    for r in recs:
+        how = f"  resolved by: {r['resolution']}" if r["resolution"] else ""
+        sys.stdout.write(
+            f"  {r['day']}  job {r['job']}  {r['category']} ({r['as']})  {r['summary'][:120]}{how}\n"
+        )
     return 0
 
 

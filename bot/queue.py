@@ -276,6 +276,7 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
             v, docs = diagnosis.diagnose(job, opts, progress=_progress_reporter(store, job))
             verdict = v.to_dict()
             verdict["elapsed_seconds"] = v.elapsed_seconds
+            verdict["notes"] = list(verdict.get("notes") or []) + _recall(conn, job, verdict)
         except DiagnosisError as e:
             error = str(e)
         except Exception as e:
@@ -285,6 +286,21 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
             raise
         kept = _finish(store, job, token, rq_id, verdict, error, docs)
     return {"job_id": job, "skipped": not kept, "error": error, "verdict": verdict}
+
+
+def _recall(conn: redis.Redis, job: str, verdict: dict[str, Any]) -> list[str]:
+    """What the fleet memory matches (repeat culprits, lemons, the same hang before), then this verdict
+    remembered; nothing when Redis cannot say (the verdict matters more than the memory)."""
+    from hangdx.bot.memory import Memory
+
+    mem = Memory(conn)
+    try:
+        notes = mem.recall(job, verdict)
+        mem.remember(job, verdict)
+    except redis.exceptions.RedisError as e:
+        log.warning("job %s: fleet memory unavailable: %s", job, e)
+        return []
+    return notes
 
 
 def _keep_stacks(conn: redis.Redis, job: str, docs: list[dict[str, Any]]) -> None:

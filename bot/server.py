@@ -28,13 +28,18 @@ def serve(
     store: IncidentStore | None = None,
     health: Callable[[], dict] | None = None,
     analyze: SubmitAnalysis | None = None,
+    history: Callable[[str], tuple[str, list[dict]]] | None = None,
+    resolution: Callable[[str, str, str], None] | None = None,
 ) -> None:
     """`hangdx serve`: HTTP (or Socket Mode when SLACK_APP_TOKEN is set) until interrupted."""
     from hangdx.bot.incidents import connect
     from hangdx.bot.schedule import HandoffScheduler
 
     store = store if store is not None else IncidentStore(connect(config.redis_url))
-    app, flask_app = build_app(config, submit, on_action, report, store=store, health=health, analyze=analyze)
+    app, flask_app = build_app(
+        config, submit, on_action, report, store=store, health=health, analyze=analyze, history=history,
+        resolution=resolution,
+    )  # fmt: skip
     scheduler = None
     if config.handoff_time and config.handoff_channel and report is not None:
         scheduler = HandoffScheduler(config, lambda: post_handoff(app.client, config.handoff_channel, report))

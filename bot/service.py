@@ -23,6 +23,7 @@ from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
 from hangdx.bot.slack.blocks import (
     escape,
     handoff_blocks,
+    history_blocks,
     mention,
     mrkdwn,
     progress_text,
@@ -181,9 +182,34 @@ class Service:
     def report(self, kind: str) -> tuple[str, list[dict]]:
         """`/diagnose status|handoff`: the open incidents as (fallback text, blocks)."""
         incs = [i.to_dict() for i in self.store.list_open()]
-        build = handoff_blocks if kind == "handoff" else status_blocks
         what = "hand-off" if kind == "handoff" else "status"
-        return f"hangdx {what}: {len(incs)} open incident(s)", build(incs)
+        if kind != "handoff":
+            return f"hangdx {what}: {len(incs)} open incident(s)", status_blocks(incs)
+        from hangdx.bot.memory import Memory
+
+        try:
+            lemons = Memory(self.conn).lemons()
+        except redis.exceptions.RedisError:
+            lemons = []
+        return f"hangdx {what}: {len(incs)} open incident(s)", handoff_blocks(incs, lemons=lemons)
+
+    def history(self, name: str) -> tuple[str, list[dict]]:
+        """`/diagnose history <host|job>`: what the fleet memory holds of it."""
+        from hangdx.bot.memory import Memory
+
+        recs = Memory(self.conn).history(name)
+        return f"hangdx history of {name}: {len(recs)} incident(s)", history_blocks(name, recs)
+
+    def resolution(self, job_id: str, user: str, note: str) -> None:
+        """The one-line resolution given when an incident is resolved: on its timeline and in the fleet memory,
+        quoted when the same hang comes back."""
+        from hangdx.bot.memory import Memory
+
+        note = " ".join(note.split())[:300]
+        if not note:
+            return
+        self.store.add_event(job_id, user, "resolution", note)
+        Memory(self.conn).resolve(job_id, note)
 
     def on_action(self, action: str, job_id: str, user: str) -> None:
         """Buttons under a verdict: the incident's status and owner."""

@@ -9,6 +9,7 @@ from slack_bolt import App
 
 from hangdx.bot import access
 from hangdx.bot.request import DiagnoseRequest
+from hangdx.bot.slack import views
 from hangdx.bot.slack.blocks import ACTION_PREFIX, ACTIONS, clip, mrkdwn
 from hangdx.bot.slack.common import Surfaces, one_line, submitted, tell
 
@@ -52,6 +53,8 @@ def _press(s: Surfaces, body: dict, action: dict, client) -> None:
         say = lambda text: tell(client, channel, user, text)  # noqa: E731
         if not submitted(s.submit, req, f"diagnosis of job {job_id}", say):
             return
+    if name == "resolve" and s.resolution is not None:
+        views.ask(client, body.get("trigger_id"), job_id)  # first: its trigger lasts 3 s
     if s.on_action is not None:
         try:
             s.on_action(name, job_id, user)

@@ -23,7 +23,7 @@ from hangdx.bot import alerts
 from hangdx.bot.access import GroupMembers
 from hangdx.bot.config import BotConfig
 from hangdx.bot.incidents import IncidentStore
-from hangdx.bot.slack import actions, commands, http, mentions, shortcuts
+from hangdx.bot.slack import actions, commands, http, mentions, shortcuts, views
 from hangdx.bot.slack.common import OnAction, Report, Submit, SubmitAnalysis, Surfaces, one_line
 
 log = logging.getLogger("hangdx.bot")
@@ -37,6 +37,8 @@ def build_app(
     store: IncidentStore | None = None,
     health: Callable[[], dict] | None = None,
     analyze: SubmitAnalysis | None = None,
+    history: Callable[[str], tuple[str, list[dict]]] | None = None,
+    resolution: Callable[[str, str, str], None] | None = None,
 ) -> tuple[App, Flask]:
     """The Bolt app (slash command, mentions, buttons, shortcut) and the Flask app serving it with /alerts and
     /healthz.
@@ -60,8 +62,10 @@ def build_app(
         listener_executor=ThreadPoolExecutor(max_workers=32, thread_name_prefix="hangdx-bolt"),
     )
     app.error(_on_error)
-    surfaces = Surfaces(config, submit, on_action, report, store, analyze)
-    for surface in (commands, mentions, actions, shortcuts):
+    surfaces = Surfaces(
+        config, submit, on_action, report, store, analyze, history=history, resolution=resolution
+    )
+    for surface in (commands, mentions, actions, shortcuts, views):
         surface.register(app, surfaces)
     return app, _flask_app(app, config, submit, store, health, socket_mode)
 

@@ -342,8 +342,11 @@ def status_blocks(incidents: list[dict[str, Any]], now: float | None = None) -> 
     return _incident_list("hangdx status: " + _count(len(incidents)), incidents, body, now)
 
 
-def handoff_blocks(incidents: list[dict[str, Any]], now: float | None = None) -> list[dict[str, Any]]:
-    """The hand-off for the next on-call: per open incident its state, root cause, owner and next steps."""
+def handoff_blocks(
+    incidents: list[dict[str, Any]], now: float | None = None, lemons: list[tuple[str, int]] | None = None
+) -> list[dict[str, Any]]:
+    """The hand-off for the next on-call: per open incident its state, root cause, owner and next steps; then the
+    lemon nodes (culprit again and again: drain them)."""
 
     def body(inc: dict[str, Any]) -> str:
         rc, top = _latest_root_cause(inc)
@@ -355,7 +358,30 @@ def handoff_blocks(incidents: list[dict[str, Any]], now: float | None = None) ->
             lines.append("Next steps:")
             lines += [f"• {clip(escape(s, 300), 300)}" for s in steps[:5]]
         elif not rc:
-            lines.append("Next steps: run `/diagnose " + escape(inc.get("job_id", "?"), 200) + "`")
+            lines.append("Next steps: run `/diagnose " + escape(inc.get("job_id") or "JOBID", 200) + "`")
         return "\n".join(lines)
 
-    return _incident_list("On-call hand-off: " + _count(len(incidents)), incidents, body, now)
+    blocks = _incident_list("On-call hand-off: " + _count(len(incidents)), incidents, body, now)
+    if lemons:
+        lines = [f"• {escape(host, 200)}: culprit in {n} incidents" for host, n in lemons[:10]]
+        blocks.append(
+            _section(
+                "*Lemon nodes* (drain them: `scontrol update NodeName=… State=DRAIN`)\n" + "\n".join(lines)
+            )
+        )
+    return blocks[:BLOCKS_MAX]
+
+
+def history_blocks(name: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`/diagnose history <host|job>`: the incidents that involved it, newest first, with their resolutions."""
+    title = f"History of {name}: {len(records)} incident{'s' if len(records) != 1 else ''}"
+    blocks: list[dict[str, Any]] = [{"type": "header", "text": _plain(title, HEADER_MAX)}]
+    if not records:
+        return blocks + [_section("No incident involved it in the fleet memory.")]
+    for r in records[:INCIDENTS_MAX]:
+        line = f"*{escape(r['day'], 20)}* job {escape(r['job'], 200)}: `{escape(r['category'], 60)}` ({escape(r['as'], 10)})"
+        line += f"\n{clip(escape(r['summary'], 400), 400)}"
+        if r.get("resolution"):
+            line += f"\nResolved by: {clip(escape(r['resolution'], 300), 300)}"
+        blocks.append(_section(line))
+    return blocks[:BLOCKS_MAX]

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 from slack_bolt import App
 
 from hangdx.bot import access
 from hangdx.bot.request import DiagnoseRequest
-from hangdx.bot.slack.blocks import escape, help_blocks
+from hangdx.bot.slack.blocks import clip, escape, help_blocks, mrkdwn
 from hangdx.bot.slack.common import REPORTS, Surfaces, run_report, submitted
+
+log = logging.getLogger("hangdx.bot")
+
+
+HISTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,252}")
+
+
+def history_answer(s: Surfaces, name: str) -> tuple[str, list[dict] | None]:
+    """The fleet memory of a host or job as (text, blocks), or a one-line apology."""
+    if s.history is None:
+        return "hangdx: history is not available on this server.", None
+    try:
+        return s.history(name)
+    except Exception as e:  # Redis down: say so to the person who asked
+        log.warning("history of %s failed: %s", name, e)
+        return clip(mrkdwn("hangdx could not read the history of {name}: {e}", name=name, e=e), 300), None
 
 
 def slash_text(text: str) -> tuple[str, str | None]:
@@ -17,6 +36,12 @@ def slash_text(text: str) -> tuple[str, str | None]:
         return "help", None
     if text.lower() in REPORTS:
         return text.lower(), None
+    word, _, rest = text.partition(" ")
+    if word.lower() == "history":
+        name = rest.strip()
+        if not HISTORY_NAME.fullmatch(name):
+            return "refuse", "Usage: /diagnose history <host|job>"
+        return "history", name
     why = access.slack_job_refusal(text)
     return ("refuse", why) if why else ("diagnose", text)
 
@@ -35,6 +60,12 @@ def register(app: App, s: Surfaces) -> None:
             return
         if what == "refuse":
             ack(text=arg, response_type="ephemeral")
+            return
+        if what == "history":
+            ack()
+            s.later(
+                lambda: respond(*history_answer(s, arg), response_type="ephemeral", replace_original=False)
+            )
             return
         if what in REPORTS:
             # Ack first: the report reads Redis, and Slack gives a slash command 3 seconds.

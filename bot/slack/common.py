@@ -37,6 +37,8 @@ class Surfaces:
     report: Report | None = None
     store: IncidentStore | None = None
     analyze: SubmitAnalysis | None = None
+    history: Callable[[str], tuple[str, list[dict]]] | None = None  # the fleet memory of a host or job
+    resolution: Callable[[str, str, str], None] | None = None  # (job, user, note) from the resolve dialog
     # Where the work after an ack runs (queueing, threads, replies): never Bolt's listener pool, so that a slow
     # or rate-limiting Slack cannot hold up the next request's acknowledgement.
     background: Executor = field(

@@ -57,7 +57,7 @@ class SeenRequests:
 def shape_error(body: dict[str, Any]) -> str | None:
     """What makes a signed Slack body unusable before Bolt reads it (Bolt would raise on it), or None."""
     kind = body.get("type")
-    for key in ("user", "channel", "container", "message", "event", "team"):
+    for key in ("user", "channel", "container", "message", "event", "team", "view"):
         if key in body and body[key] is not None and not isinstance(body[key], dict):
             return f"{key} is not an object"
     if kind == "block_actions":

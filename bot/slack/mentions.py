@@ -11,12 +11,12 @@ from slack_sdk.errors import SlackApiError
 from hangdx.bot import access
 from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
 from hangdx.bot.slack.blocks import escape, help_blocks
-from hangdx.bot.slack.commands import slash_text
+from hangdx.bot.slack.commands import history_answer, slash_text
 from hangdx.bot.slack.common import REPORTS, Surfaces, run_report, slack_error, submitted, tell
 
 log = logging.getLogger("hangdx.bot")
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
-USAGE = "Usage: @hangdx diagnose <jobid> | analyze | status | handoff | help"
+USAGE = "Usage: @hangdx diagnose <jobid> | analyze | history <host|job> | status | handoff | help"
 
 
 def mention_text(text: str) -> tuple[str, str | None]:
@@ -26,6 +26,8 @@ def mention_text(text: str) -> tuple[str, str | None]:
         return "help", None
     if words[0].lower() in REPORTS and len(words) == 1:
         return words[0].lower(), None
+    if words[0].lower() == "history":
+        return slash_text(" ".join(words))
     if words[0].lower() == "analyze":
         return "analyze", None  # what follows is evidence pasted with the mention, read with the thread
     if words[0].lower() != "diagnose" or len(words) < 2:
@@ -61,6 +63,9 @@ def _on_mention(s: Surfaces, event: dict, client) -> None:
         say("hangdx: @hangdx diagnose <jobid>", help_blocks())
     elif what == "refuse":
         say(arg or USAGE)
+    elif what == "history":
+        text, blocks = history_answer(s, arg or "")
+        say(text, blocks)
     elif what in REPORTS:
         _report(client, s, what, channel, event.get("thread_ts"), say)
     elif what == "analyze":

@@ -40,11 +40,10 @@ def test_a_pickle_of_nested_lists_is_refused_in_bounded_memory_and_time(mb):
     data = b"\x80\x02]" + b"]a" * n + b"."  # one list holding n new empty lists: ~64 bytes each per 2 bytes
     got = _load_in_a_fresh_process(data)
     assert not got["ok"] and got["why"].startswith("refused pickle: its "), got
-    assert got["self_mb"] < 3 * mb + 100, (
-        got
-    )  # hangdx itself: the pickle's bytes (read, passed on) and no more
+    # hangdx itself: the pickle's bytes (read, passed on) and no more (it was 416 MB for 8 MB, 3.1 GB for 60).
+    assert got["self_mb"] < 3 * mb + 160, got
     assert got["child_mb"] < min(16 * mb + 64, 768) + 120, got  # the child: its cap (plus Python itself)
-    assert got["secs"] < 30, got
+    assert got["secs"] < 60, got
 
 
 def test_a_real_sized_dump_still_loads():

@@ -1,0 +1,210 @@
+"""Fleet memory: every verdict leaves a fingerprint in Redis, and a new verdict says what it matches.
+
+A fingerprint: the root cause's category, its culprit hosts, GPUs and links, the job, and for a software cause a
+stack signature (the user frames of the evidence, `evaluate (train.py)`, without line numbers that shift). A new
+verdict gets notes: a host, GPU or link named culprit before ("gpu-node-17 was the culprit in 2 earlier incidents
+in 14 days: jobs 812, 907"), a lemon (culprit in HANGDX_LEMON_COUNT incidents within HANGDX_LEMON_DAYS: drain
+it), the same hang seen before (same signature) with how it was resolved, the same job diagnosed before.
+
+Keys (all under hangdx:mem:, kept HANGDX_MEMORY_DAYS, default 90):
+
+    hangdx:mem:v:<job>:<ms>        hash: job, time, category, summary, hosts, gpus, links, sig, resolution
+    hangdx:mem:<kind>:<name>       sorted set of those ids by time; kind: host, gpu, link, sig, job
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+
+PREFIX = "hangdx:mem:"
+SOFTWARE = {
+    "conditional_collective", "collective_mismatch", "dataloader_stall", "io_stall", "user_deadlock",
+    "p2p_deadlock", "ddp_unused_parameters",
+}  # fmt: skip
+# `evaluate (train.py:212)`, `File "train.py", line 212, in evaluate`: a frame as py-spy and tracebacks print it.
+_PYSPY_FRAME = re.compile(r"\b([A-Za-z_][\w.<>]*) \(([^():\s]+\.py):\d+\)")
+_TRACE_FRAME = re.compile(r'File "([^"]+\.py)", line \d+, in ([\w<>]+)')
+_LIBRARY = re.compile(r"(site-packages|dist-packages|/torch/|/lib/python\d)")
+MAX_LISTED = 5
+
+
+def _setting(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def retention_days() -> int:
+    return _setting("HANGDX_MEMORY_DAYS", 90)
+
+
+def lemon_rule() -> tuple[int, int]:
+    """(incidents, days): a culprit this often within that many days is a lemon."""
+    return _setting("HANGDX_LEMON_COUNT", 3), _setting("HANGDX_LEMON_DAYS", 14)
+
+
+def signature(verdict: dict[str, Any]) -> tuple[str | None, str]:
+    """(signature, where) of a software root cause: the user frames its evidence quotes, without line numbers;
+    (None, "") for a hardware cause or evidence with no frame."""
+    rc = verdict.get("root_cause") or {}
+    if rc.get("category") not in SOFTWARE:
+        return None, ""
+    findings = verdict.get("findings") or []
+    quotes = (findings[0].get("evidence") or []) if findings else []
+    frames: dict[str, None] = {}
+    for q in quotes:
+        text = str(q.get("text") or "")
+        for func, path in _PYSPY_FRAME.findall(text):
+            if not _LIBRARY.search(path):
+                frames.setdefault(f"{func} ({os.path.basename(path)})")
+        for path, func in _TRACE_FRAME.findall(text):
+            if not _LIBRARY.search(path):
+                frames.setdefault(f"{func} ({os.path.basename(path)})")
+    if not frames:
+        return None, ""
+    where = ", ".join(sorted(frames)[:3])
+    digest = hashlib.sha256((rc["category"] + "|" + "|".join(sorted(frames))).encode()).hexdigest()[:16]
+    return digest, where
+
+
+def _culprits(verdict: dict[str, Any]) -> dict[str, list[str]]:
+    c = (verdict.get("root_cause") or {}).get("culprit") or {}
+    return {k: [str(x) for x in (c.get(k + "s") or []) if x][:50] for k in ("host", "gpu", "link")}
+
+
+def _day(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d")
+
+
+class Memory:
+    def __init__(self, conn: redis.Redis) -> None:
+        self.r = conn
+
+    def _get(self, ident: str) -> dict[str, str]:
+        h = self.r.hgetall(PREFIX + "v:" + ident)
+        return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in h.items()}  # fmt: skip
+
+    def _earlier(self, kind: str, name: str, since: float) -> list[dict[str, str]]:
+        ids = self.r.zrangebyscore(f"{PREFIX}{kind}:{name}", since, "+inf")
+        out = []
+        for ident in ids:
+            rec = self._get(ident.decode() if isinstance(ident, bytes) else ident)
+            if rec:
+                out.append(rec)
+        return out
+
+    def recall(self, job: str, verdict: dict[str, Any], now: float | None = None) -> list[str]:
+        """Notes for a new verdict: what it matches in the memory (before it is remembered itself)."""
+        now = time.time() if now is None else now
+        notes: list[str] = []
+        count, days = lemon_rule()
+        for kind, names in _culprits(verdict).items():
+            for name in names:
+                before = self._earlier(kind, name, now - days * 86400)
+                if not before:
+                    continue
+                jobs = ", ".join(dict.fromkeys(r["job"] for r in reversed(before)))
+                what = {"host": "", "gpu": "GPU ", "link": "link "}[kind]
+                plural = "s" if len(before) > 1 else ""
+                notes.append(
+                    f"{what}{name} was the culprit in {len(before)} earlier incident{plural} in {days} days "
+                    f"(jobs {jobs})"
+                )
+                if len(before) + 1 >= count:
+                    drain = (
+                        f': drain it (scontrol update NodeName={name} State=DRAIN Reason="hangdx: job {job}")'
+                        if kind == "host"
+                        else ": take it out of service"
+                    )
+                    notes.append(
+                        f"lemon: {what}{name}, culprit in {len(before) + 1} incidents in {days} days{drain}"
+                    )
+        sig, where = signature(verdict)
+        if sig:
+            same = [r for r in self._earlier("sig", sig, now - retention_days() * 86400) if r["job"] != job]
+            if same:
+                last = max(same, key=lambda r: float(r["time"]))
+                resolved = f", resolved by: {last['resolution']}" if last.get("resolution") else ""
+                notes.append(
+                    f"same hang as job {last['job']} on {_day(float(last['time']))} ({last['category']} in "
+                    f"{where}){resolved}"
+                )
+        before = self._earlier("job", job, now - retention_days() * 86400)
+        if before:
+            last = max(before, key=lambda r: float(r["time"]))
+            notes.append(
+                f"job {job} was diagnosed before ({len(before)} time{'s' if len(before) > 1 else ''}; last on "
+                f"{_day(float(last['time']))}: {last['category']})"
+            )
+        return notes
+
+    def remember(self, job: str, verdict: dict[str, Any], now: float | None = None) -> str:
+        """Keep the verdict's fingerprint; its id."""
+        now = time.time() if now is None else now
+        rc = verdict.get("root_cause") or {}
+        ident = f"{job}:{int(now * 1000)}"
+        sig, where = signature(verdict)
+        culprits = _culprits(verdict)
+        keep = retention_days() * 86400
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(
+            PREFIX + "v:" + ident,
+            mapping={"job": job, "time": repr(now), "category": str(rc.get("category") or "none"),
+                     "summary": str(rc.get("summary") or "")[:300], "sig": sig or "", "where": where,
+                     **{k + "s": json.dumps(v) for k, v in culprits.items()}},
+        )  # fmt: skip
+        pipe.expire(PREFIX + "v:" + ident, keep)
+        keys = [f"{PREFIX}{kind}:{name}" for kind, names in culprits.items() for name in names]
+        keys.append(f"{PREFIX}job:{job}")
+        if sig:
+            keys.append(f"{PREFIX}sig:{sig}")
+        for key in keys:
+            pipe.zadd(key, {ident: now})
+            pipe.zremrangebyscore(key, "-inf", now - keep)
+            pipe.expire(key, keep)
+        pipe.execute()
+        return ident
+
+    def resolve(self, job: str, note: str) -> bool:
+        """The one-line resolution of the job's latest remembered verdict (quoted when the same hang recurs)."""
+        ids = self.r.zrevrange(f"{PREFIX}job:{job}", 0, 0)
+        if not ids:
+            return False
+        ident = ids[0].decode() if isinstance(ids[0], bytes) else ids[0]
+        self.r.hset(PREFIX + "v:" + ident, "resolution", " ".join(note.split())[:300])
+        return True
+
+    def history(self, name: str) -> list[dict[str, Any]]:
+        """Every remembered incident of a job, host, GPU or link, newest first."""
+        since = time.time() - retention_days() * 86400
+        recs: dict[str, dict[str, Any]] = {}
+        for kind in ("job", "host", "gpu", "link"):
+            for r in self._earlier(kind, name, since):
+                recs[f"{r['job']}:{r['time']}"] = {
+                    "job": r["job"], "time": float(r["time"]), "day": _day(float(r["time"])),
+                    "category": r["category"], "summary": r["summary"], "resolution": r.get("resolution") or None,
+                    "as": kind,
+                }  # fmt: skip
+        return sorted(recs.values(), key=lambda r: -r["time"])
+
+    def lemons(self, now: float | None = None) -> list[tuple[str, int]]:
+        """(host, incidents) for every host that is a lemon now."""
+        now = time.time() if now is None else now
+        count, days = lemon_rule()
+        out = []
+        for key in self.r.scan_iter(match=f"{PREFIX}host:*", count=500):
+            key = key.decode() if isinstance(key, bytes) else key
+            n = self.r.zcount(key, now - days * 86400, "+inf")
+            if n >= count:
+                out.append((key[len(PREFIX + "host:") :], int(n)))
+        return sorted(out, key=lambda x: (-x[1], x[0]))
