@@ -32,7 +32,9 @@ SOFTWARE = {
 # `evaluate (train.py:212)`, `File "train.py", line 212, in evaluate`: a frame as py-spy and tracebacks print it.
 _PYSPY_FRAME = re.compile(r"\b([A-Za-z_][\w.<>]*) \(([^():\s]+\.py):\d+\)")
 _TRACE_FRAME = re.compile(r'File "([^"]+\.py)", line \d+, in ([\w<>]+)')
-_LIBRARY = re.compile(r"(site-packages|dist-packages|/torch/|/lib/python\d)")
+_LIBRARY = re.compile(
+    r"(?:^|/)(?:site-packages|dist-packages|torch|threading\.py|queue\.py)(?:/|$)|/lib/python\d"
+)
 MAX_LISTED = 5
 
 

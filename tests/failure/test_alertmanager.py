@@ -95,8 +95,8 @@ def fire(am: str, job: str, instance: str, ends: datetime | None = None) -> None
 def test_an_exporter_alert_through_alertmanager_diagnoses_the_job_with_the_inventory_settings(
     bot,
     ranks,
-    sshd,
-    start_alertmanager,  # noqa: F811
+    sshd,  # noqa: F811
+    start_alertmanager,
 ):
     root = sshd["root"]
     job = ranks.job(f"am-{uuid.uuid4().hex[:6]}", ranks=(0, 1), world=3)
