@@ -73,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     h = sub.add_parser("history", help="the incidents that involved a host, GPU, link or job (fleet memory)")
     h.add_argument("name", metavar="HOST|JOB")
     h.add_argument("--json", action="store_true")
+    d = sub.add_parser("drain", help="drain a Slurm node (scontrol update NodeName=... State=DRAIN)")
+    d.add_argument("node", metavar="HOST")
+    d.add_argument("--reason", required=True, help="why, kept by Slurm (e.g. 'hangdx: Xid 79 in job 4242')")
+    for name, what in (
+        ("requeue", "requeue a Slurm job (scontrol requeue)"),
+        ("cancel", "cancel a Slurm job"),
+    ):
+        sub.add_parser(name, help=what).add_argument("job_id", metavar="JOBID")
     _add_watch(sub)
     return ap
 
@@ -150,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_incident(args)
         if args.command == "history":
             return cmd_history(args)
+        if args.command in ("drain", "requeue", "cancel"):
+            return cmd_slurm_action(args)
         if args.command == "watch":
             return cmd_watch(args)
         ap.print_help()
@@ -310,6 +320,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             analyze=service.analyze,
             history=service.history,
             resolution=service.resolution,
+            act=service.act,
         )
     except (ConfigError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
@@ -341,6 +352,23 @@ def cmd_incident(args: argparse.Namespace) -> int:
         sys.stdout.write(store.markdown(args.job_id))
     except (DiagnosisError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
+    return 0
+
+
+def cmd_slurm_action(args: argparse.Namespace) -> int:
+    """`hangdx drain|requeue|cancel`: the same checked argument lists as the Slack buttons."""
+    from hangdx.bot import slurm_actions
+
+    try:
+        if args.command == "drain":
+            said = slurm_actions.drain(args.node, args.reason)
+        elif args.command == "requeue":
+            said = slurm_actions.requeue(args.job_id)
+        else:
+            said = slurm_actions.cancel(args.job_id)
+    except slurm_actions.ActionError as e:
+        raise UsageError(str(e)) from None
+    sys.stdout.write(said + "\n")
     return 0
 
 

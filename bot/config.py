@@ -19,7 +19,7 @@ SETTINGS = (
     "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN", "SLACK_API_URL", "REDIS_URL",
     "HANGDX_ALERT_CHANNEL", "HANGDX_ALERT_TOKEN", "HANGDX_RESOLVER", "HANGDX_ALLOWED_USERS",
     "HANGDX_ALLOWED_CHANNELS", "HANGDX_ALLOWED_GROUPS", "HANGDX_HANDOFF_TIME", "HANGDX_HANDOFF_CHANNEL",
-    "HANGDX_ALERT_JOB_LABELS",
+    "HANGDX_ALERT_JOB_LABELS", "HANGDX_ACTION_USERS", "HANGDX_ACTION_GROUPS",
 )  # fmt: skip
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # a Prometheus label name
 # Alert labels that carry the training job's id: never Prometheus's own `job` (the scrape job, on every alert).
@@ -94,6 +94,9 @@ class BotConfig:
     # Who is in a user group: set by the Slack app (usergroups.users.list), cached there.
     group_members: Callable[[str], frozenset[str]] | None = field(default=None, repr=False, compare=False)
     alert_job_labels: tuple[str, ...] = DEFAULT_JOB_LABELS
+    # Who may drain nodes and requeue or cancel jobs from Slack (empty: nobody): apart from who may diagnose.
+    action_users: frozenset[str] = field(default_factory=frozenset)
+    action_groups: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BotConfig:
@@ -161,6 +164,8 @@ class BotConfig:
             handoff_channel=handoff_channel,
             allowed_groups=_list(env.get("HANGDX_ALLOWED_GROUPS"), "HANGDX_ALLOWED_GROUPS", _GROUP),
             alert_job_labels=labels or DEFAULT_JOB_LABELS,
+            action_users=_list(env.get("HANGDX_ACTION_USERS"), "HANGDX_ACTION_USERS", _USER),
+            action_groups=_list(env.get("HANGDX_ACTION_GROUPS"), "HANGDX_ACTION_GROUPS", _GROUP),
         )
 
     def require_slack(self) -> None:
@@ -169,6 +174,24 @@ class BotConfig:
             raise ConfigError("SLACK_BOT_TOKEN is not set")
         if not self.signing_secret and not self.app_token:
             raise ConfigError("SLACK_SIGNING_SECRET is not set (or set SLACK_APP_TOKEN for Socket Mode)")
+
+    def action_refusal(self, user: str | None) -> str | None:
+        """Why this user may not drain, requeue or cancel (a right apart from diagnosing), or None."""
+        if not (self.action_users or self.action_groups):
+            return (
+                "Slurm actions are off on this server (HANGDX_ACTION_USERS, HANGDX_ACTION_GROUPS are empty)."
+            )
+        if user in self.action_users:
+            return None
+        if (
+            self.group_members is not None
+            and user
+            and any(user in self.group_members(g) for g in sorted(self.action_groups))
+        ):
+            return None
+        return (
+            "You may not drain nodes or requeue or cancel jobs (HANGDX_ACTION_USERS, HANGDX_ACTION_GROUPS)."
+        )
 
     def _allowed(self, user: str | None) -> bool:
         if user in self.allowed_users:

@@ -30,6 +30,7 @@ def serve(
     analyze: SubmitAnalysis | None = None,
     history: Callable[[str], tuple[str, list[dict]]] | None = None,
     resolution: Callable[[str, str, str], None] | None = None,
+    act: Callable[[str, str, str | None, str], None] | None = None,
 ) -> None:
     """`hangdx serve`: HTTP (or Socket Mode when SLACK_APP_TOKEN is set) until interrupted."""
     from hangdx.bot.incidents import connect
@@ -38,7 +39,7 @@ def serve(
     store = store if store is not None else IncidentStore(connect(config.redis_url))
     app, flask_app = build_app(
         config, submit, on_action, report, store=store, health=health, analyze=analyze, history=history,
-        resolution=resolution,
+        resolution=resolution, act=act,
     )  # fmt: skip
     scheduler = None
     if config.handoff_time and config.handoff_channel and report is not None:

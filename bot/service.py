@@ -211,6 +211,25 @@ class Service:
         self.store.add_event(job_id, user, "resolution", note)
         Memory(self.conn).resolve(job_id, note)
 
+    def act(self, action: str, job_id: str, node: str | None, user: str) -> None:
+        """A Slurm action from a verdict's buttons (drain, requeue, cancel): run, on the incident's timeline with
+        who did it, and its result said in the thread."""
+        from hangdx.bot import slurm_actions
+
+        try:
+            said = slurm_actions.run(action, job_id, node, user)
+            ok = True
+        except slurm_actions.ActionError as e:
+            said, ok = str(e), False
+        self.store.add_event(job_id, user, action if ok else f"{action}_failed", said)
+        inc = self.store.get(job_id)
+        if inc and inc.channel:
+            done = "" if ok else "could not be done: "
+            text = f"{mention(user)}: " + mrkdwn(
+                "{action}: {done}{said}", action=action, done=done, said=said
+            )
+            _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=text)
+
     def on_action(self, action: str, job_id: str, user: str) -> None:
         """Buttons under a verdict: the incident's status and owner."""
         if action == "ack":

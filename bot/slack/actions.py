@@ -10,11 +10,11 @@ from slack_bolt import App
 from hangdx.bot import access
 from hangdx.bot.request import DiagnoseRequest
 from hangdx.bot.slack import views
-from hangdx.bot.slack.blocks import ACTION_PREFIX, ACTIONS, clip, mrkdwn
+from hangdx.bot.slack.blocks import ACTION_PREFIX, ACTIONS, SLURM_ACTIONS, clip, mrkdwn
 from hangdx.bot.slack.common import Surfaces, one_line, submitted, tell
 
 log = logging.getLogger("hangdx.bot")
-PATTERN = re.compile("^" + ACTION_PREFIX + "(" + "|".join(ACTIONS) + ")$")
+PATTERN = re.compile("^" + ACTION_PREFIX + "(" + "|".join(ACTIONS + SLURM_ACTIONS) + ")$")
 
 
 def register(app: App, s: Surfaces) -> None:
@@ -33,14 +33,24 @@ def _press(s: Surfaces, body: dict, action: dict, client) -> None:
         log.warning("button %s without a user or channel: ignored", name)
         return
     job_id = action.get("value") or ""
+    node = None
+    if name in SLURM_ACTIONS and isinstance(job_id, str):
+        job_id, _, node = job_id.partition("|")
     message = body.get("message") if isinstance(body.get("message"), dict) else {}
     refusal = (
         access.refusal(s.config, user, channel)
         or access.slack_job_refusal(job_id)
         or access.button_refusal(s.store, job_id, channel, message)
     )
+    if not refusal and name in SLURM_ACTIONS:
+        refusal = s.config.action_refusal(user) or (
+            None if s.act else "Slurm actions are off on this server."
+        )
     if refusal:
         tell(client, channel, user, refusal)
+        return
+    if name in SLURM_ACTIONS:
+        s.act(name, job_id, node or None, user)
         return
     if name == "rerun":
         req = DiagnoseRequest(

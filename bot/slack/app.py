@@ -39,6 +39,7 @@ def build_app(
     analyze: SubmitAnalysis | None = None,
     history: Callable[[str], tuple[str, list[dict]]] | None = None,
     resolution: Callable[[str, str, str], None] | None = None,
+    act: Callable[[str, str, str | None, str], None] | None = None,
 ) -> tuple[App, Flask]:
     """The Bolt app (slash command, mentions, buttons, shortcut) and the Flask app serving it with /alerts and
     /healthz.
@@ -48,7 +49,7 @@ def build_app(
     config.require_slack()
     socket_mode = bool(config.app_token)
     client = WebClient(token=config.bot_token, base_url=config.api_url)
-    if config.allowed_groups and config.group_members is None:
+    if (config.allowed_groups or config.action_groups) and config.group_members is None:
         config = dataclasses.replace(config, group_members=GroupMembers(client))
     app = App(
         client=client,
@@ -63,7 +64,7 @@ def build_app(
     )
     app.error(_on_error)
     surfaces = Surfaces(
-        config, submit, on_action, report, store, analyze, history=history, resolution=resolution
+        config, submit, on_action, report, store, analyze, history=history, resolution=resolution, act=act
     )
     for surface in (commands, mentions, actions, shortcuts, views):
         surface.register(app, surfaces)

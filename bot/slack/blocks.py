@@ -24,6 +24,7 @@ EVIDENCE_LINES = 10
 EVIDENCE_LINE_MAX = 300
 
 ACTIONS = ("rerun", "stacks", "ack", "resolve", "handoff")
+SLURM_ACTIONS = ("drain", "requeue", "cancel")
 ACTION_PREFIX = "hangdx_"
 _BUTTON_LABELS = {
     "rerun": "Re-run",
@@ -139,6 +140,40 @@ def _actions_block(job_id: str) -> dict[str, Any]:
     return {"type": "actions", "block_id": "hangdx_actions", "elements": buttons}
 
 
+def _confirm(title: str, text: str, go: str) -> dict[str, Any]:
+    return {
+        "title": _plain(title, 100),
+        "text": {"type": "mrkdwn", "text": clip(text, 300)},
+        "confirm": _plain(go, 30),
+        "deny": _plain("Cancel", 30),
+        "style": "danger",
+    }
+
+
+def _slurm_block(job_id: str, hosts: list[str]) -> dict[str, Any] | None:
+    """Drain the culprit nodes, requeue or cancel the job: each behind Slack's confirmation dialog."""
+    if not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
+        return None  # not a Slurm job id: nothing Slurm can act on
+    buttons = []
+    for host in hosts[:3]:
+        if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,100}", host):
+            buttons.append({
+                "type": "button", "action_id": ACTION_PREFIX + "drain", "style": "danger",
+                "text": _plain(f"Drain {host}", 75), "value": f"{job_id}|{host}",
+                "confirm": _confirm(f"Drain {host}?", f"No new job will start on *{host}* until someone resumes it "
+                                    "(`scontrol update NodeName=… State=RESUME`).", "Drain"),
+            })  # fmt: skip
+    for action, label, what in (
+        ("requeue", "Requeue job", "put back in the queue"),
+        ("cancel", "Cancel job", "ended"),
+    ):
+        buttons.append({
+            "type": "button", "action_id": ACTION_PREFIX + action, "text": _plain(label, 75), "value": job_id,
+            "confirm": _confirm(f"{label}?", f"Job *{job_id}* will be {what}.", label.split()[0]),
+        })  # fmt: skip
+    return {"type": "actions", "block_id": "hangdx_slurm", "elements": buttons}
+
+
 def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str, Any]]:
     """The verdict message: status, root cause, culprit, summary, fix, evidence, next steps, and the buttons
     of the job's incident (none for pasted evidence, `job_id` None)."""
@@ -198,9 +233,12 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
         )
     if not job_id:
         return blocks[:BLOCKS_MAX]
-    blocks.append(_actions_block(job_id))
-    # The actions block is last and must survive the cap.
-    return blocks[: BLOCKS_MAX - 1] + [blocks[-1]] if len(blocks) > BLOCKS_MAX else blocks
+    tail = [_actions_block(job_id)]
+    slurm = _slurm_block(job_id, [str(h) for h in ((rc or {}).get("culprit") or {}).get("hosts") or []])
+    if slurm is not None:
+        tail.append(slurm)
+    # The action blocks are last and must survive the cap.
+    return blocks[: BLOCKS_MAX - len(tail)] + tail
 
 
 def analysis_blocks(verdict: dict[str, Any]) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ class Surfaces:
     analyze: SubmitAnalysis | None = None
     history: Callable[[str], tuple[str, list[dict]]] | None = None  # the fleet memory of a host or job
     resolution: Callable[[str, str, str], None] | None = None  # (job, user, note) from the resolve dialog
+    act: Callable[[str, str, str | None, str], None] | None = None  # (action, job, node, user): Slurm actions
     # Where the work after an ack runs (queueing, threads, replies): never Bolt's listener pool, so that a slow
     # or rate-limiting Slack cannot hold up the next request's acknowledgement.
     background: Executor = field(

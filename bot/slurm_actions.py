@@ -1,0 +1,82 @@
+"""Acting on what a verdict found, in Slurm: drain a node, requeue or cancel a job.
+
+Never a shell: each action is one argument list (`scontrol update NodeName=... State=DRAIN Reason=...`,
+`scontrol requeue JOB`, `scancel JOB`), run with a timeout, on a validated node name or job id. Who may act is
+separate from who may diagnose (HANGDX_ACTION_USERS, HANGDX_ACTION_GROUPS; bot/access.py); the Slack buttons ask
+for confirmation, the command line is for whoever can already run scontrol.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+from hangdx.bot.diagnosis import DiagnosisError, check_job_id
+
+NODE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")  # a Slurm node name: never a leading dash (an option)
+TIMEOUT = 20
+ACTIONS = ("drain", "requeue", "cancel")
+
+
+class ActionError(Exception):
+    """An action hangdx will not run, or that Slurm refused: one line."""
+
+
+def _run(argv: list[str]) -> str:
+    exe = shutil.which(argv[0])
+    if exe is None:
+        raise ActionError(f"{argv[0]} not found on this host: Slurm actions need the Slurm client commands")
+    try:
+        r = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise ActionError(f"{' '.join(argv[:2])} did not answer within {TIMEOUT} s") from None
+    said = " ".join((r.stderr or r.stdout or "").split())[:300]
+    if r.returncode != 0:
+        raise ActionError(f"{' '.join(argv[:2])} failed: {said or f'exit status {r.returncode}'}")
+    return said
+
+
+def _reason(text: str) -> str:
+    # Slurm keeps the reason as given; keep it one printable line.
+    return "".join(c for c in " ".join(text.split()) if c.isprintable())[:200] or "hangdx"
+
+
+def drain(node: str, reason: str) -> str:
+    if not isinstance(node, str) or not NODE.fullmatch(node):
+        raise ActionError(f"{str(node)[:80]!r} is not a node name")
+    _run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={_reason(reason)}"])
+    return f"node {node} drained (reason: {_reason(reason)})"
+
+
+def _job(job: str) -> str:
+    try:
+        check_job_id(job)
+    except DiagnosisError as e:
+        raise ActionError(str(e)) from None
+    if not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job):
+        raise ActionError(f"{job!r} is not a Slurm job id")
+    return job
+
+
+def requeue(job: str) -> str:
+    _run(["scontrol", "requeue", _job(job)])
+    return f"job {job} requeued"
+
+
+def cancel(job: str) -> str:
+    _run(["scancel", _job(job)])
+    return f"job {job} cancelled"
+
+
+def run(action: str, job: str, node: str | None, who: str) -> str:
+    """One action for incident `job`, said in one line; ActionError when refused or failed."""
+    if action == "drain":
+        if not node:
+            raise ActionError("this verdict names no node to drain")
+        return drain(node, f"hangdx: job {job}, drained by {who}")
+    if action == "requeue":
+        return requeue(job)
+    if action == "cancel":
+        return cancel(job)
+    raise ActionError(f"unknown action {action!r}")
