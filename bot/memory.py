@@ -199,6 +199,40 @@ class Memory:
                 }  # fmt: skip
         return sorted(recs.values(), key=lambda r: -r["time"])
 
+    def note_action(self, job: str, action: str, target: str, user: str, now: float | None = None) -> None:
+        """A drain, requeue or cancel done from hangdx, for the hand-off's week."""
+        now = time.time() if now is None else now
+        rec = json.dumps({"job": job, "action": action, "target": target, "user": user, "time": now})
+        key = PREFIX + "actions"
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zadd(key, {rec: now}).zremrangebyscore(key, "-inf", now - retention_days() * 86400)
+        pipe.execute()
+
+    def week(self, now: float | None = None, days: int = 7) -> dict[str, list]:
+        """What the hand-off carries from the last `days`: actions done, repeat hangs (one signature, several
+        jobs) and what was resolved and how."""
+        now = time.time() if now is None else now
+        since = now - days * 86400
+        actions = [json.loads(x) for x in self.r.zrangebyscore(PREFIX + "actions", since, "+inf")]
+        repeats, resolved = [], []
+        for key in self.r.scan_iter(match=f"{PREFIX}sig:*", count=500):
+            recs = self._earlier(
+                "sig", (key.decode() if isinstance(key, bytes) else key)[len(PREFIX + "sig:") :], since
+            )
+            jobs = list(dict.fromkeys(r["job"] for r in recs))
+            if len(jobs) > 1:
+                repeats.append(
+                    {"category": recs[-1]["category"], "where": recs[-1].get("where", ""), "jobs": jobs}
+                )
+        for key in self.r.scan_iter(match=f"{PREFIX}job:*", count=500):
+            name = (key.decode() if isinstance(key, bytes) else key)[len(PREFIX + "job:") :]
+            for r in self._earlier("job", name, since):
+                if r.get("resolution"):
+                    resolved.append(
+                        {"job": r["job"], "category": r["category"], "resolution": r["resolution"]}
+                    )
+        return {"actions": actions, "repeats": repeats, "resolved": resolved}
+
     def lemons(self, now: float | None = None) -> list[tuple[str, int]]:
         """(host, incidents) for every host that is a lemon now."""
         now = time.time() if now is None else now

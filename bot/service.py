@@ -188,10 +188,11 @@ class Service:
         from hangdx.bot.memory import Memory
 
         try:
-            lemons = Memory(self.conn).lemons()
+            mem = Memory(self.conn)
+            lemons, week = mem.lemons(), mem.week()
         except redis.exceptions.RedisError:
-            lemons = []
-        return f"hangdx {what}: {len(incs)} open incident(s)", handoff_blocks(incs, lemons=lemons)
+            lemons, week = [], None
+        return f"hangdx {what}: {len(incs)} open incident(s)", handoff_blocks(incs, lemons=lemons, week=week)
 
     def history(self, name: str) -> tuple[str, list[dict]]:
         """`/diagnose history <host|job>`: what the fleet memory holds of it."""
@@ -222,6 +223,13 @@ class Service:
         except slurm_actions.ActionError as e:
             said, ok = str(e), False
         self.store.add_event(job_id, user, action if ok else f"{action}_failed", said)
+        if ok:
+            from hangdx.bot.memory import Memory
+
+            try:
+                Memory(self.conn).note_action(job_id, action, node or job_id, user)
+            except redis.exceptions.RedisError:
+                pass  # the action was done and is on the timeline; the week's summary will miss it
         inc = self.store.get(job_id)
         if inc and inc.channel:
             done = "" if ok else "could not be done: "

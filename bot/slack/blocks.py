@@ -381,7 +381,10 @@ def status_blocks(incidents: list[dict[str, Any]], now: float | None = None) -> 
 
 
 def handoff_blocks(
-    incidents: list[dict[str, Any]], now: float | None = None, lemons: list[tuple[str, int]] | None = None
+    incidents: list[dict[str, Any]],
+    now: float | None = None,
+    lemons: list[tuple[str, int]] | None = None,
+    week: dict[str, list] | None = None,
 ) -> list[dict[str, Any]]:
     """The hand-off for the next on-call: per open incident its state, root cause, owner and next steps; then the
     lemon nodes (culprit again and again: drain them)."""
@@ -399,7 +402,9 @@ def handoff_blocks(
             lines.append("Next steps: run `/diagnose " + escape(inc.get("job_id") or "JOBID", 200) + "`")
         return "\n".join(lines)
 
-    blocks = _incident_list("On-call hand-off: " + _count(len(incidents)), incidents, body, now)
+    oldest_first = sorted(incidents, key=lambda i: float(i.get("created") or 0))
+    blocks = _incident_list("On-call hand-off: " + _count(len(incidents)), oldest_first, body, now)
+    blocks += _week_blocks(week or {})
     if lemons:
         lines = [f"• {escape(host, 200)}: culprit in {n} incidents" for host, n in lemons[:10]]
         blocks.append(
@@ -408,6 +413,24 @@ def handoff_blocks(
             )
         )
     return blocks[:BLOCKS_MAX]
+
+
+def _week_blocks(week: dict[str, list]) -> list[dict[str, Any]]:
+    """The hand-off's week: what was done from hangdx, repeat hangs, what was resolved and how."""
+    out = []
+    if week.get("actions"):
+        lines = [f"• {escape(a['action'], 20)} {escape(a['target'], 200)} (job {escape(a['job'], 100)}, by "
+                 f"{mention(a['user'])})" for a in week["actions"][-10:]]  # fmt: skip
+        out.append(_section("*Done this week*\n" + "\n".join(lines)))
+    if week.get("repeats"):
+        lines = [f"• `{escape(r['category'], 60)}` in {escape(r['where'], 200)}: jobs "
+                 f"{escape(', '.join(r['jobs'][:8]), 300)}" for r in week["repeats"][:8]]  # fmt: skip
+        out.append(_section("*Repeat hangs* (one cause, several jobs)\n" + "\n".join(lines)))
+    if week.get("resolved"):
+        lines = [f"• job {escape(r['job'], 100)} (`{escape(r['category'], 60)}`): {escape(r['resolution'], 300)}"
+                 for r in week["resolved"][:8]]  # fmt: skip
+        out.append(_section("*Resolved this week, and how*\n" + "\n".join(lines)))
+    return out
 
 
 def history_blocks(name: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -118,6 +118,21 @@ def test_the_hand_off_lists_the_lemon_nodes(mem, redis_url):  # noqa: F811
     assert "Lemon nodes" in said and "gpu-node-17: culprit in 3 incidents" in said
 
 
+def test_the_hand_off_carries_the_week(mem, redis_url):  # noqa: F811
+    now = time.time()
+    mem.remember("41", software_verdict("41", 88), now - 3 * DAY)
+    mem.resolve("41", "every rank calls log_metrics now")
+    mem.remember("77", software_verdict("77", 97), now - DAY)
+    mem.note_action("77", "drain", "gpu-node-17", "U0ONCALL01")
+    with SlackStandin() as slack:
+        cfg = BotConfig(bot_token="xoxb-1-2-x", api_url=slack.url, redis_url=redis_url)
+        _, blocks = Service(cfg, client=slack_client(cfg)).report("handoff")
+    said = json.dumps(blocks)
+    assert "Done this week" in said and "drain gpu-node-17 (job 77, by <@U0ONCALL01>)" in said
+    assert "Repeat hangs" in said and "jobs 41, 77" in said
+    assert "Resolved this week, and how" in said and "every rank calls log_metrics now" in said
+
+
 def test_history_from_the_command_line(mem, redis_url):  # noqa: F811
     mem.remember("812", gpu_verdict("812"), time.time() - DAY)
     mem.remember("907", gpu_verdict("907"), time.time())
