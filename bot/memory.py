@@ -83,6 +83,19 @@ def _culprits(verdict: dict[str, Any]) -> dict[str, list[str]]:
     return {k: [str(x) for x in (c.get(k + "s") or []) if x][:50] for k in ("host", "gpu", "link")}
 
 
+def thread_link(channel: str | None, thread_ts: str | None) -> str:
+    """A link to an incident's Slack thread, or "" (ids checked: nothing else goes into a URL)."""
+    if not channel or not thread_ts or not re.fullmatch(r"[A-Z0-9]{2,30}", channel):
+        return ""
+    if not re.fullmatch(r"[0-9]{6,12}\.[0-9]{1,9}", thread_ts):
+        return ""
+    return f"https://slack.com/app_redirect?channel={channel}&message_ts={thread_ts}"
+
+
+def _job_ref(rec: dict[str, str]) -> str:
+    return f"{rec['job']} ({rec['link']})" if rec.get("link") else rec["job"]
+
+
 def _day(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d")
 
@@ -115,7 +128,7 @@ class Memory:
                 before = self._earlier(kind, name, now - days * 86400)
                 if not before:
                     continue
-                jobs = ", ".join(dict.fromkeys(r["job"] for r in reversed(before)))
+                jobs = ", ".join(dict.fromkeys(_job_ref(r) for r in reversed(before)))
                 what = {"host": "", "gpu": "GPU ", "link": "link "}[kind]
                 plural = "s" if len(before) > 1 else ""
                 notes.append(
@@ -138,7 +151,7 @@ class Memory:
                 last = max(same, key=lambda r: float(r["time"]))
                 resolved = f", resolved by: {last['resolution']}" if last.get("resolution") else ""
                 notes.append(
-                    f"same hang as job {last['job']} on {_day(float(last['time']))} ({last['category']} in "
+                    f"same hang as job {_job_ref(last)} on {_day(float(last['time']))} ({last['category']} in "
                     f"{where}){resolved}"
                 )
         before = self._earlier("job", job, now - retention_days() * 86400)
@@ -150,8 +163,15 @@ class Memory:
             )
         return notes
 
-    def remember(self, job: str, verdict: dict[str, Any], now: float | None = None) -> str:
-        """Keep the verdict's fingerprint; its id."""
+    def remember(
+        self,
+        job: str,
+        verdict: dict[str, Any],
+        now: float | None = None,
+        channel: str | None = None,
+        thread_ts: str | None = None,
+    ) -> str:
+        """Keep the verdict's fingerprint (and where its thread is); its id."""
         now = time.time() if now is None else now
         rc = verdict.get("root_cause") or {}
         ident = f"{job}:{int(now * 1000)}"
@@ -163,6 +183,7 @@ class Memory:
             PREFIX + "v:" + ident,
             mapping={"job": job, "time": repr(now), "category": str(rc.get("category") or "none"),
                      "summary": str(rc.get("summary") or "")[:300], "sig": sig or "", "where": where,
+                     "link": thread_link(channel, thread_ts),
                      **{k + "s": json.dumps(v) for k, v in culprits.items()}},
         )  # fmt: skip
         pipe.expire(PREFIX + "v:" + ident, keep)

@@ -295,9 +295,12 @@ def _recall(conn: redis.Redis, job: str, verdict: dict[str, Any]) -> list[str]:
 
     mem = Memory(conn)
     try:
+        inc = IncidentStore(conn).get(job)
         notes = mem.recall(job, verdict)
-        mem.remember(job, verdict)
-    except redis.exceptions.RedisError as e:
+        mem.remember(
+            job, verdict, channel=inc.channel if inc else None, thread_ts=inc.thread_ts if inc else None
+        )
+    except (redis.exceptions.RedisError, StoreUnavailable) as e:
         log.warning("job %s: fleet memory unavailable: %s", job, e)
         return []
     return notes

@@ -72,10 +72,15 @@ def test_a_third_hang_on_the_same_node_names_it_a_lemon_with_the_earlier_inciden
     mem.remember("812", gpu_verdict("812"), now - 5 * DAY)
     second = mem.recall("907", gpu_verdict("907"), now - 2 * DAY)
     assert second == ["gpu-node-17 was the culprit in 1 earlier incident in 14 days (jobs 812)"]
-    mem.remember("907", gpu_verdict("907"), now - 2 * DAY)
+    mem.remember(
+        "907", gpu_verdict("907"), now - 2 * DAY, channel="C0ALERTS01", thread_ts="1700000100.000100"
+    )
     mem.remember("555", gpu_verdict("555", host="gpu-node-02"), now - DAY)  # another node: not counted
     third = mem.recall("1001", gpu_verdict("1001"), now)
-    assert third[0] == "gpu-node-17 was the culprit in 2 earlier incidents in 14 days (jobs 907, 812)"
+    link = "https://slack.com/app_redirect?channel=C0ALERTS01&message_ts=1700000100.000100"
+    assert (
+        third[0] == f"gpu-node-17 was the culprit in 2 earlier incidents in 14 days (jobs 907 ({link}), 812)"
+    )
     assert third[1] == (
         "lemon: gpu-node-17, culprit in 3 incidents in 14 days: drain it (scontrol update NodeName=gpu-node-17 "
         'State=DRAIN Reason="hangdx: job 1001")'
