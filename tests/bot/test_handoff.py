@@ -423,7 +423,7 @@ def test_slack_app_manifest_points_everything_at_slack_events() -> None:
     assert (cmd["command"], cmd["url"], cmd["usage_hint"]) == (
         "/diagnose",
         url,
-        "<jobid> | status | handoff | help",
+        "<jobid> | status | handoff | history <host|job> | help",
     )
     assert m["settings"]["event_subscriptions"] == {"request_url": url, "bot_events": ["app_mention"]}
     assert m["settings"]["interactivity"] == {"is_enabled": True, "request_url": url}
