@@ -5,6 +5,7 @@ Playbooks read these, never the raw artifacts.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -82,6 +83,10 @@ LOCK_FRAMES = {
     ("queue.py", "put"),
     ("queue.py", "join"),
 }
+# A file of the code that loads and iterates a job's data (a path part or file name saying so).
+DATA_CODE = re.compile(
+    r"(?:^|/)(?:data|datasets?|dataloaders?|data_?loaders?|loaders?|iterators?)(?:/|\.py$)"
+)
 IO_SYSCALLS = {
     "read", "write", "pread64", "pwrite64", "readv", "writev", "open", "openat", "fsync",
     "fdatasync", "flock", "statx", "newfstatat", "copy_file_range", "sendfile", "splice", "io_getevents",
@@ -330,9 +335,15 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
         )
     if file_io:
         return loc("io", detail=io_detail or "")
-    for f in frames:
-        if (_norm(f.file), f.function) in LOCK_FRAMES:
-            return loc("lock", op=f.function, detail=f"{_norm(f.file)} {f.function}", frame=f)
+    waits = next((f for f in frames if (_norm(f.file), f.function) in LOCK_FRAMES), None)
+    if waits is not None and user is not None and DATA_CODE.search(_norm(user.file)):
+        # Blocked on a queue or condition inside the code that iterates the data (a framework's own loader:
+        # fairseq/data/iterators.py, a project's datasets/loader.py): it waits for its data loader's workers.
+        return loc(
+            "dataloader", detail=f"{user.function} waits on {_norm(waits.file)} {waits.function}", frame=user
+        )
+    if waits is not None:
+        return loc("lock", op=waits.function, detail=f"{_norm(waits.file)} {waits.function}", frame=waits)
     if syscall in SLEEP_SYSCALLS:
         return loc("sleep", detail=syscall)
     if thread.state in ("active", "gil") or (state is not None and state.state == "R"):
