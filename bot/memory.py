@@ -254,14 +254,15 @@ class Memory:
                     )
         return {"actions": actions, "repeats": repeats, "resolved": resolved}
 
-    def lemons(self, now: float | None = None) -> list[tuple[str, int]]:
-        """(host, incidents) for every host that is a lemon now."""
+    def lemons(self, now: float | None = None) -> list[tuple[str, int, list[str]]]:
+        """(host, incidents, the incidents' jobs with their thread links) for every host that is a lemon now."""
         now = time.time() if now is None else now
         count, days = lemon_rule()
         out = []
         for key in self.r.scan_iter(match=f"{PREFIX}host:*", count=500):
             key = key.decode() if isinstance(key, bytes) else key
-            n = self.r.zcount(key, now - days * 86400, "+inf")
-            if n >= count:
-                out.append((key[len(PREFIX + "host:") :], int(n)))
+            host = key[len(PREFIX + "host:") :]
+            recs = self._earlier("host", host, now - days * 86400)
+            if len(recs) >= count:
+                out.append((host, len(recs), list(dict.fromkeys(_job_ref(r) for r in reversed(recs)))))
         return sorted(out, key=lambda x: (-x[1], x[0]))

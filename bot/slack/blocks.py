@@ -383,7 +383,7 @@ def status_blocks(incidents: list[dict[str, Any]], now: float | None = None) -> 
 def handoff_blocks(
     incidents: list[dict[str, Any]],
     now: float | None = None,
-    lemons: list[tuple[str, int]] | None = None,
+    lemons: list[tuple[str, int, list[str]]] | None = None,
     week: dict[str, list] | None = None,
 ) -> list[dict[str, Any]]:
     """The hand-off for the next on-call: per open incident its state, root cause, owner and next steps; then the
@@ -406,7 +406,10 @@ def handoff_blocks(
     blocks = _incident_list("On-call hand-off: " + _count(len(incidents)), oldest_first, body, now)
     blocks += _week_blocks(week or {})
     if lemons:
-        lines = [f"• {escape(host, 200)}: culprit in {n} incidents" for host, n in lemons[:10]]
+        lines = [
+            f"• {escape(host, 200)}: culprit in {n} incidents (jobs {escape(', '.join(jobs[:5]), 1500)})"
+            for host, n, jobs in lemons[:10]
+        ]
         blocks.append(
             _section(
                 "*Lemon nodes* (drain them: `scontrol update NodeName=… State=DRAIN`)\n" + "\n".join(lines)

@@ -22,8 +22,10 @@ from hangdx.probes import flight_recorder as fr
 data = sys.stdin.buffer.read()
 t = time.monotonic()
 obj, why = fr.load(data)
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so it would count the test runner that forked us.
+hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:"))
 print(json.dumps({"why": why, "ok": obj is not None, "secs": time.monotonic() - t,
-                  "self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10,
+                  "self_mb": hwm >> 10,
                   "child_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10}))
 """
 

@@ -55,7 +55,8 @@ def test_summary_fix_evidence_and_next_steps(verdict: dict) -> None:
 
 
 def test_five_buttons_carry_the_job_id(verdict: dict) -> None:
-    actions = verdict_blocks(verdict, "12345")[-1]
+    blocks = verdict_blocks(verdict, "12345")
+    actions = next(b for b in blocks if b.get("block_id") == "hangdx_actions")
     assert actions["type"] == "actions"
     assert [(e["action_id"], e["text"]["text"], e["value"]) for e in actions["elements"]] == [
         ("hangdx_rerun", "Re-run", "12345"),
@@ -64,6 +65,12 @@ def test_five_buttons_carry_the_job_id(verdict: dict) -> None:
         ("hangdx_resolve", "Resolve", "12345"),
         ("hangdx_handoff", "Hand off", "12345"),
     ]
+    # A Slurm job id: requeue and cancel (and a drain per culprit node), each behind a confirmation dialog.
+    slurm = blocks[-1]
+    assert slurm["block_id"] == "hangdx_slurm"
+    assert all("confirm" in e for e in slurm["elements"])
+    assert [e["action_id"] for e in slurm["elements"]][-2:] == ["hangdx_requeue", "hangdx_cancel"]
+    assert not any(b.get("block_id") == "hangdx_slurm" for b in verdict_blocks(verdict, "zoo-skip-1"))
 
 
 def test_secret_in_summary_and_evidence_is_redacted(verdict: dict) -> None:

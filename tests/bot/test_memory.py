@@ -86,7 +86,7 @@ def test_a_third_hang_on_the_same_node_names_it_a_lemon_with_the_earlier_inciden
         'State=DRAIN Reason="hangdx: job 1001")'
     )
     mem.remember("1001", gpu_verdict("1001"), now)
-    assert mem.lemons(now) == [("gpu-node-17", 3)]
+    assert mem.lemons(now) == [("gpu-node-17", 3, ["1001", f"907 ({link})", "812"])]
     # Outside the window, the old incidents no longer count.
     assert mem.recall("2000", gpu_verdict("2000"), now + 20 * DAY) == []
 
@@ -115,12 +115,16 @@ def test_a_repeat_software_hang_quotes_the_earlier_resolution(mem, redis_url):  
 def test_the_hand_off_lists_the_lemon_nodes(mem, redis_url):  # noqa: F811
     now = time.time()
     for i, job in enumerate(("a1", "a2", "a3")):
-        mem.remember(job, gpu_verdict(job), now - i * DAY)
+        mem.remember(
+            job, gpu_verdict(job), now - i * DAY, channel="C0ALERTS01", thread_ts=f"170000010{i}.000100"
+        )
     with SlackStandin() as slack:
         cfg = BotConfig(bot_token="xoxb-1-2-x", api_url=slack.url, redis_url=redis_url)
         text, blocks = Service(cfg, client=slack_client(cfg)).report("handoff")
     said = json.dumps(blocks)
-    assert "Lemon nodes" in said and "gpu-node-17: culprit in 3 incidents" in said
+    assert (
+        "Lemon nodes" in said and "gpu-node-17: culprit in 3 incidents (jobs a1 (https://slack.com/" in said
+    )
 
 
 def test_the_hand_off_carries_the_week(mem, redis_url):  # noqa: F811
