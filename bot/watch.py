@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, check_job_id, collect
 from hangdx.bot.request import DiagnoseRequest
@@ -49,6 +50,7 @@ class RunningJob:
     partition: str = ""
     comment: str = ""
     outputs: list[str] = field(default_factory=list)  # its stdout/stderr files, as Slurm names them
+    started: float | None = None  # when it started running (Slurm's StartTime), epoch seconds
 
 
 @dataclass
@@ -121,9 +123,18 @@ def parse_scontrol_jobs(text: str) -> list[RunningJob]:
                 partition=f.get("Partition", ""),
                 comment=f.get("Comment", "") if f.get("Comment") != "(null)" else "",
                 outputs=list(dict.fromkeys(outputs)),
+                started=_start_time(f.get("StartTime", "")),
             )
         )
     return jobs
+
+
+def _start_time(value: str) -> float | None:
+    """Slurm's StartTime (`2026-11-24T20:30:01`, the controller's local time) as epoch seconds."""
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
 
 
 def list_slurm_jobs(scontrol: str = "scontrol", timeout: float = 20.0) -> list[RunningJob]:
@@ -292,9 +303,15 @@ class Watcher:
         sizes = state[0] if state else None
         track = self.tracks.get(job.job_id)
         if track is None:
-            # Quiet since its files last changed, so that a watch (re)started after a job hung sees it at once;
-            # with no file to watch, the probe is the only signal: probed now, then every stall window.
-            age = max(0.0, time.time() - state[1]) if state else self.settings.stall
+            # Quiet since its files last changed, so that a watch (re)started after a job hung sees it at once.
+            # With no file to watch (none, or not written yet), the probe is the only signal: probed once the job
+            # has run a stall window (a job just starting has no process to find yet), then every stall window.
+            if state:
+                age = max(0.0, time.time() - state[1])
+            elif job.started is not None:
+                age = max(0.0, time.time() - job.started)
+            else:
+                age = self.settings.stall
             track = self.tracks[job.job_id] = _Track(sizes, now - age)
         elif sizes is not None and sizes != track.sizes:
             track.sizes, track.quiet_since, track.raised = sizes, now, False

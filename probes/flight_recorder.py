@@ -205,7 +205,16 @@ def _child() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     try:
         obj = _PlainDataUnpickler(io.BytesIO(data)).load()
+    except MemoryError:
+        sys.exit(3)
+    except Exception as e:  # noqa: BLE001 - said in one line to the parent
+        sys.stderr.write(f"{type(e).__name__}: {_short(e)}\n")
+        sys.exit(4)
+    try:
         out = marshal.dumps(obj)
+    except ValueError:
+        sys.stderr.write("nested too deeply: a Flight Recorder dump is a few levels deep\n")
+        sys.exit(4)
     except MemoryError:
         sys.exit(3)
     except Exception as e:  # noqa: BLE001 - said in one line to the parent

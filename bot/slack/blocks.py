@@ -96,9 +96,9 @@ def progress_text(job_id: str, hosts_total: int, hosts_done: int) -> str:
     )
 
 
-def verdict_text(verdict: dict[str, Any]) -> str:
-    """The notification fallback: one line that says what is wrong and who."""
-    job = f"job {verdict['job_id']}" if verdict.get("job_id") else "the job"
+def verdict_text(verdict: dict[str, Any], what: str | None = None) -> str:
+    """The notification fallback: one line that says what is wrong and who (about `what`: the job by default)."""
+    job = what or (f"job {verdict['job_id']}" if verdict.get("job_id") else "the job")
     status = str(verdict.get("status") or "unknown").upper()
     rc = verdict.get("root_cause")
     if not rc:
@@ -261,15 +261,7 @@ def analysis_blocks(verdict: dict[str, Any]) -> list[dict[str, Any]]:
 
 def analysis_text(verdict: dict[str, Any]) -> str:
     """The notification fallback for pasted evidence."""
-    rc = verdict.get("root_cause")
-    status = str(verdict.get("status") or "unknown").upper()
-    if not rc:
-        return clip(escape(f"hangdx: pasted evidence {status}: no root cause found"), SECTION_MAX)
-    line = (
-        f"hangdx: pasted evidence {status}: {rc.get('category')} ({float(rc.get('confidence') or 0):.2f}), "
-        f"culprit {_culprit(rc.get('culprit'))}. {rc.get('summary') or ''}"
-    )
-    return clip(escape(line.strip()), SECTION_MAX)
+    return verdict_text(verdict, "pasted evidence")
 
 
 def help_blocks() -> list[dict[str, Any]]:

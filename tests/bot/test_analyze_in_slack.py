@@ -9,9 +9,6 @@ hostile lines added to one of them (a broadcast mention, a token) are ours and s
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +20,7 @@ from slack_sdk.signature import SignatureVerifier
 
 from hangdx.bot.incidents import connect
 
-from .test_end_to_end import free_port, wait_for
+from .test_end_to_end import bot_env, running_bot, wait_for
 from .test_incidents import redis_url  # noqa: F401  (the session's redis-server)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,49 +47,9 @@ def _slack_escaped(text: str) -> str:
 def bot(redis_url, tmp_path):  # noqa: F811
     connect(redis_url).flushdb()
     with SlackStandin() as slack:
-        port = free_port()
-        env = {
-            **os.environ,
-            "SLACK_BOT_TOKEN": TOKEN,
-            "SLACK_SIGNING_SECRET": SECRET,
-            "SLACK_API_URL": slack.url,
-            "REDIS_URL": redis_url,
-            "HANGDX_RESOLVER": "local",
-            "HANGDX_ALLOWED_USERS": ONCALL,
-        }
-        env.pop("SLACK_APP_TOKEN", None)
-        log = open(tmp_path / "bot.log", "wb")
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "hangdx", "serve", "--port", str(port)],
-                env=env,
-                stdout=log,
-                stderr=log,
-            ),
-            subprocess.Popen([sys.executable, "-m", "hangdx", "worker"], env=env, stdout=log, stderr=log),
-        ]
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_for("the bot's /healthz", lambda: _healthy(url), timeout=30)
+        env = bot_env(slack, redis_url, SLACK_SIGNING_SECRET=SECRET, HANGDX_ALLOWED_USERS=ONCALL)
+        with running_bot(env, tmp_path / "bot.log") as url:
             yield url, slack
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.kill(p.pid, signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.kill(p.pid, signal.SIGKILL)
-                    p.wait()
-            log.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/healthz", timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _signed(url: str, body: str, content_type: str) -> requests.Response:

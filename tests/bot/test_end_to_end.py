@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,47 +50,53 @@ def wait_for(what, cond, timeout: float = 60.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@contextmanager
+def running_bot(env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """`hangdx serve` and one `hangdx worker` with `env`, as processes; their URL once /healthz answers. Both
+    are ended by PID (SIGTERM, then SIGKILL)."""
+    port = free_port()
+    log = open(log_path, "wb")
+    serve = [sys.executable, "-m", "hangdx", "serve", "--port", str(port)]
+    worker = [sys.executable, "-m", "hangdx", "worker"]
+    procs = [subprocess.Popen(cmd, env=env, stdout=log, stderr=log) for cmd in (serve, worker)]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for("the bot's /healthz", lambda: _healthy(url), timeout=30)
+        yield url
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+        log.close()
+
+
+def bot_env(slack: SlackStandin, redis: str, **extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "SLACK_BOT_TOKEN": "xoxb-1111-2222-hangdxtest",
+        "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5",
+        "SLACK_API_URL": slack.url,
+        "REDIS_URL": redis,
+        "HANGDX_RESOLVER": "local",
+        **extra,
+    }
+    env.pop("SLACK_APP_TOKEN", None)
+    return env
+
+
 @pytest.fixture
 def bot(redis_url, tmp_path):  # noqa: F811
     connect(redis_url).flushdb()
     with SlackStandin() as slack:
-        port = free_port()
-        env = {
-            **os.environ,
-            "SLACK_BOT_TOKEN": "xoxb-1111-2222-hangdxtest",
-            "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5",
-            "SLACK_API_URL": slack.url,
-            "REDIS_URL": redis_url,
-            "HANGDX_ALERT_TOKEN": ALERT_TOKEN,
-            "HANGDX_ALERT_CHANNEL": CHANNEL,
-            "HANGDX_RESOLVER": "local",
-        }
-        env.pop("SLACK_APP_TOKEN", None)
-        log = open(tmp_path / "bot.log", "wb")
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "hangdx", "serve", "--port", str(port)],
-                env=env,
-                stdout=log,
-                stderr=log,
-            ),
-            subprocess.Popen([sys.executable, "-m", "hangdx", "worker"], env=env, stdout=log, stderr=log),
-        ]
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_for("the bot's /healthz", lambda: _healthy(url), timeout=30)
+        env = bot_env(slack, redis_url, HANGDX_ALERT_TOKEN=ALERT_TOKEN, HANGDX_ALERT_CHANNEL=CHANNEL)
+        with running_bot(env, tmp_path / "bot.log") as url:
             yield url, slack, redis_url
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.kill(p.pid, signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.kill(p.pid, signal.SIGKILL)
-                    p.wait()
-            log.close()
 
 
 def _healthy(url: str) -> bool:

@@ -68,3 +68,26 @@ def test_a_bad_inventory_is_a_one_line_error(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.startswith("hangdx: inventory ") and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_job_that_just_started_is_not_probed_before_it_has_run_a_stall_window():
+    """A job whose output file is not written yet, minutes into a watch, has no process to find yet: probing it
+    at first sight said "no process of job N found" for a healthy job (seen on a loaded two-core machine)."""
+    from hangdx.bot.watch import Confirmation, RunningJob, Watcher, WatchSettings, parse_scontrol_jobs
+
+    now = time.time()
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 2))
+    line = (f"JobId=77 JobName=fresh UserId=alice(1000) JobState=RUNNING StartTime={started} Partition=debug "
+            "StdOut=/nonexistent/job-77.out")  # fmt: skip
+    (job,) = parse_scontrol_jobs(line)
+    assert job.started is not None and abs(job.started - (now - 2)) < 2
+    probed: list[str] = []
+    old = RunningJob("78", outputs=["/nonexistent/job-78.out"], started=now - 3600)  # a watch restarted late
+
+    def confirm(job_id: str) -> Confirmation:
+        probed.append(job_id)
+        return Confirmation(None, f"no process of job {job_id!r} found")
+
+    w = Watcher(WatchSettings("slurm", stall=60), lambda r: "q", lambda: [job, old], confirm)
+    decisions = {d.job_id: d.outcome for d in w.check()}
+    assert decisions == {"77": "quiet", "78": "unconfirmed"} and probed == ["78"]
