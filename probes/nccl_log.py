@@ -28,6 +28,9 @@ _LINE = re.compile(
     r"(?<![\w.\-])(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:\d+\.\d+ )?(?:\S+:\d+ (?:\([^()]*\) )?)?NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
 )
+# A warning quoted without its prefix, as people paste one line of a log: `NCCL WARN NET/IB : Got async event ...`
+# (and `transport/net_ib.cc:1234 NCCL WARN ...`): read as NCCL's, from no known host or process.
+_BARE = re.compile(r"^(?:\S+\.cc:\d+ )?NCCL (?P<level>WARN) (?P<msg>\S.*)$")
 _TIMESTAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
 _VERSION = re.compile(r"NCCL version (\d{1,6})\.(\d{1,6})\.(\d{1,6})(\S*)")  # int() refuses 5000 digits
 _COLL = re.compile(
@@ -128,9 +131,9 @@ class NcclLine:
 
     lineno: int
     text: str  # the verbatim line
-    host: str
-    pid: int
-    tid: int
+    host: str  # "" when the line came without NCCL's prefix (a warning quoted on its own)
+    pid: int | None
+    tid: int | None
     cuda_dev: int
     level: str
     msg: str
@@ -143,7 +146,10 @@ def match_line(line: str) -> NcclLine | None:
     rank, rest = strip_rank_prefix(line)
     m = _LINE.search(rest)
     if not m:
-        return None
+        b = _BARE.match(rest.strip())
+        if b is None:
+            return None
+        return NcclLine(0, line, "", None, None, -1, b["level"], b["msg"].rstrip(), rank_prefix=rank)
     ts = _TIMESTAMP.match(rest)
     return NcclLine(
         lineno=0,
