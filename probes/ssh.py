@@ -22,7 +22,7 @@ from pathlib import Path
 
 import paramiko
 
-from hangdx.probes import collector
+from hangdx.probes import collector, host_certificate
 from hangdx.probes.hosts import HostSpec, SshSettings
 
 STDERR_CAP = 64 * 1024
@@ -102,13 +102,12 @@ def _fingerprint(key: paramiko.PKey) -> str:
 
 class KnownHosts:
     """A known_hosts file as OpenSSH reads it: plain and hashed entries, `@revoked` keys (refused whoever
-    offers them) and `@cert-authority` lines (kept aside: hangdx does not verify host certificates, and says so
-    for a host that only a CA line covers, instead of failing every host)."""
+    offers them) and `@cert-authority` lines (a host they cover is accepted on a valid host certificate)."""
 
     def __init__(self) -> None:
         self.entries: list[tuple[list[str], paramiko.PKey]] = []
         self.revoked: set[tuple[str, str]] = set()  # (key type, base64)
-        self.ca_lines = 0
+        self.cert_authorities: list[tuple[list[str], paramiko.PKey]] = []
 
     @classmethod
     def read(cls, path: str) -> KnownHosts:
@@ -124,9 +123,6 @@ class KnownHosts:
         marker = None
         if line.startswith("@"):
             marker, _, line = line.partition(" ")
-        if marker == "@cert-authority":
-            self.ca_lines += 1
-            return
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
         except (paramiko.SSHException, ValueError, TypeError):
@@ -135,6 +131,8 @@ class KnownHosts:
             return
         if marker == "@revoked":
             self.revoked.add((entry.key.get_name(), entry.key.get_base64()))
+        elif marker == "@cert-authority":
+            self.cert_authorities.append((entry.hostnames, entry.key))
         elif marker is None:
             self.entries.append((entry.hostnames, entry.key))
 
@@ -148,6 +146,23 @@ class KnownHosts:
 
     def is_revoked(self, key: paramiko.PKey) -> bool:
         return (key.get_name(), key.get_base64()) in self.revoked
+
+    def authorities_for(self, names: list[str]) -> list[paramiko.PKey]:
+        """The CA keys of the @cert-authority lines whose patterns cover any of these names."""
+        return [
+            key
+            for patterns, key in self.cert_authorities
+            if host_certificate.pattern_matches(patterns, names)
+        ]
+
+
+def _lookup_names(spec: HostSpec) -> list[str]:
+    """The names known_hosts patterns are matched against: the address hangdx connects to, as OpenSSH writes
+    it, and the node's name as the operator gives it (an inventory maps names to addresses)."""
+    names = [_known_hosts_name(spec)]
+    if spec.name != spec.connect_to:
+        names.append(spec.name if spec.port == 22 else f"[{spec.name}]:{spec.port}")
+    return names
 
 
 class _RejectUnknown(paramiko.RejectPolicy):
@@ -172,13 +187,16 @@ class _RejectUnknown(paramiko.RejectPolicy):
                 f"{self.label}: {_hostport(spec)} offers {_fingerprint(key)}, a key marked @revoked in "
                 f"{self.known_hosts}; nothing was run",
             )
-        if self.kh.ca_lines:
+        authorities = self.kh.authorities_for(_lookup_names(spec))
+        if authorities:
+            why = host_certificate.check(key, [spec.connect_to, spec.name], authorities, self.kh.revoked)
+            if why is None:
+                return  # a valid host certificate from a listed authority: accepted, never saved
             raise _Problem(
                 "host_key_unknown",
-                f"{self.label}: the host key of {_hostport(spec)} ({_fingerprint(key)}) is not in "
-                f"{self.known_hosts}; its @cert-authority lines are not used (hangdx does not verify SSH host "
-                f"certificates yet); nothing was run. Fix: add the host's own key line (`ssh-keyscan`, checked "
-                f"out of band)",
+                f"{self.label}: {_hostport(spec)} is covered by @cert-authority lines in {self.known_hosts}, "
+                f"but {why}; nothing was run. Fix: re-issue the host certificate (`ssh-keygen -s CA -h -n "
+                f"{spec.connect_to} ...`, `HostCertificate` in sshd_config), or add the host's own key line",
             )
         port = "" if spec.port == 22 else f"-p {spec.port} "
         where = f"{self.known_hosts} (which does not exist)" if self.missing else self.known_hosts
@@ -189,6 +207,14 @@ class _RejectUnknown(paramiko.RejectPolicy):
             f"fingerprint out of band (`ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` on the node's console), "
             f"then append the line to {self.known_hosts}",
         )
+
+
+def _asking_for_certificates(*args, **kwargs) -> paramiko.Transport:
+    """A transport that asks the server for a host certificate first, its plain keys after."""
+    transport = paramiko.Transport(*args, **kwargs)
+    options = transport.get_security_options()
+    options.key_types = host_certificate.CERT_KEY_TYPES + tuple(options.key_types)
+    return transport
 
 
 class _Probe:
@@ -329,6 +355,13 @@ class _Probe:
                 "error", f"{label}: cannot read known_hosts {s.known_hosts}: {e.strerror}"
             ) from None
         kh.install(client)
+        factory = None
+        if kh.authorities_for(_lookup_names(spec)) and not client.get_host_keys().lookup(
+            _known_hosts_name(spec)
+        ):
+            factory = (
+                _asking_for_certificates  # only a CA vouches for this host: have it show its certificate
+            )
         # Never AutoAddPolicy and never save_host_keys: an unknown (or revoked) key stops the run.
         client.set_missing_host_key_policy(_RejectUnknown(label, spec, s.known_hosts, missing, kh))
         key = spec.key_file or s.key_file
@@ -351,6 +384,7 @@ class _Probe:
                 banner_timeout=timeout,
                 auth_timeout=timeout,
                 channel_timeout=timeout,
+                transport_factory=factory,
             )
         except _Problem:
             raise

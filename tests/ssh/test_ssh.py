@@ -8,6 +8,7 @@ $SSH_ORIGINAL_COMMAND (the exact command the client sent) to a file, then runs i
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -42,6 +43,37 @@ def _free_port() -> int:
 def _keygen(path: Path) -> str:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return path.with_suffix(".pub").read_text().split()[:2]
+
+
+def _sign_host_key(
+    ca: Path, pub: Path, principals: str, validity: str = "-5m:+1h", host: bool = True
+) -> Path:
+    """A real OpenSSH certificate of `pub`, signed by `ca` (written beside it as NAME-cert.pub)."""
+    kind = ["-h"] if host else []
+    subprocess.run(
+        [
+            "ssh-keygen",
+            "-q",
+            "-s",
+            str(ca),
+            "-I",
+            "hangdx-test",
+            *kind,
+            "-n",
+            principals,
+            "-V",
+            validity,
+            str(pub),
+        ],
+        check=True,
+    )
+    return pub.with_name(pub.name.removesuffix(".pub") + "-cert.pub")
+
+
+def _public_key(pub: Path) -> paramiko.PKey:
+    """A key as a known_hosts line gives it: public only."""
+    kind, b64 = pub.read_text().split()[:2]
+    return paramiko.PKey.from_type_string(kind, base64.b64decode(b64))
 
 
 def _fingerprint(pub: Path) -> str:
@@ -108,6 +140,9 @@ def sshd(tmp_path_factory):
     root = tmp_path_factory.mktemp("sshd")
     srv = Server(root)
     host_type, host_b64 = _keygen(root / "host_key")
+    # The same host key also has a certificate from a site CA, as sites with an SSH CA deploy it.
+    _keygen(root / "ca")
+    _sign_host_key(root / "ca", root / "host_key.pub", "127.0.0.1,node-a")
     _keygen(root / "client_key")
     _keygen(root / "wrong_key")
     (root / "authorized_keys").write_text((root / "client_key.pub").read_text())
@@ -131,6 +166,7 @@ def sshd(tmp_path_factory):
             Port {srv.main_port}
             Port {srv.record_port}
             HostKey {root / "host_key"}
+            HostCertificate {root / "host_key-cert.pub"}
             PidFile {root / "sshd.pid"}
             AuthorizedKeysFile {root / "authorized_keys"}
             PermitRootLogin prohibit-password
@@ -311,13 +347,108 @@ def test_a_revoked_host_key_is_refused_even_when_listed(sshd, tmp_path):
     assert not sshd.command_log.exists()
 
 
-def test_a_host_only_a_cert_authority_covers_is_refused_with_why(sshd, tmp_path):
-    ca_type, ca_b64 = _keygen(tmp_path / "ca")
+def test_a_host_only_a_cert_authority_covers_is_reached_on_its_host_certificate(sshd, tmp_path, fake_job):
+    """Issue 10.8: a site with an SSH CA lists the CA, not each host; the host's certificate is checked."""
+    ca_type, ca_b64 = (sshd.root / "ca.pub").read_text().split()[:2]
     kh = tmp_path / "known_hosts"
     kh.write_text(f"@cert-authority * {ca_type} {ca_b64}\n")
+    job_id, _ = fake_job
+    script = collector_script(job_id, samples=1, interval=0.1, hardware=False)
+    doc = probe_host(sshd.host(), sshd.settings(known_hosts=str(kh)), script, _deadline())
+    assert "problem" not in doc, doc.get("problem")
+    assert doc["job_id"] == job_id
+    assert {a["rank"] for a in doc["artifacts"] if a["kind"] == "pyspy"} == {0, 1}, doc["errors"]
+    assert kh.read_text() == f"@cert-authority * {ca_type} {ca_b64}\n"  # nothing added
+
+
+def test_a_certificate_from_an_authority_not_listed_for_the_host_is_refused(sshd, tmp_path):
+    other_type, other_b64 = _keygen(tmp_path / "other_ca")
+    ca_type, ca_b64 = (sshd.root / "ca.pub").read_text().split()[:2]
+    kh = tmp_path / "known_hosts"
+    # The real CA is listed, but only for other hosts; an unrelated CA covers this one.
+    kh.write_text(
+        f"@cert-authority *.elsewhere.example {ca_type} {ca_b64}\n@cert-authority * {other_type} {other_b64}\n"
+    )
+    sshd.command_log.unlink(missing_ok=True)
+    doc = probe_host(sshd.host(port=sshd.record_port), sshd.settings(known_hosts=str(kh)), b"", _deadline())
+    kind, message = _problem(doc)
+    assert kind == "host_key_unknown", message
+    assert _fingerprint(sshd.root / "ca.pub") in message and "no @cert-authority line lists" in message
+    assert not sshd.command_log.exists()
+
+
+def test_a_revoked_certificate_authority_is_refused(sshd, tmp_path):
+    ca_type, ca_b64 = (sshd.root / "ca.pub").read_text().split()[:2]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"@cert-authority * {ca_type} {ca_b64}\n@revoked * {ca_type} {ca_b64}\n")
     doc = probe_host(sshd.host(), sshd.settings(known_hosts=str(kh)), b"", _deadline())
     kind, message = _problem(doc)
-    assert kind == "host_key_unknown" and "does not verify SSH host certificates" in message, message
+    assert kind == "host_key_unknown" and "marked @revoked" in message, message
+
+
+def test_a_plain_host_key_is_not_enough_where_only_a_ca_covers_the_host(tmp_path):
+    from hangdx.probes import host_certificate
+
+    _keygen(tmp_path / "ca")
+    _keygen(tmp_path / "host")
+    key = paramiko.Ed25519Key.from_private_key_file(str(tmp_path / "host"))
+    ca = _public_key(tmp_path / "ca.pub")
+    said = host_certificate.check(key, ["127.0.0.1"], [ca], set())
+    assert said == "the server offered a plain host key, not a certificate"
+
+
+@pytest.mark.parametrize(
+    "principals, validity, host, why",
+    [
+        ("127.0.0.1", "-5m:+1h", True, None),
+        ("node-b,10.0.0.7", "-5m:+1h", True, "names node-b, 10.0.0.7, not 127.0.0.1 or node-a"),
+        ("127.0.0.1", "-2h:-1h", True, "expired at"),
+        ("127.0.0.1", "+1h:+2h", True, "not valid yet"),
+        ("127.0.0.1", "-5m:+1h", False, "is not a host certificate"),
+    ],
+)
+def test_a_host_certificate_is_checked_as_ssh_checks_it(tmp_path, principals, validity, host, why):
+    from hangdx.probes import host_certificate
+
+    _keygen(tmp_path / "ca")
+    _keygen(tmp_path / "host")
+    cert = _sign_host_key(tmp_path / "ca", tmp_path / "host.pub", principals, validity, host)
+    key = paramiko.Ed25519Key.from_private_key_file(str(tmp_path / "host"))
+    key.load_certificate(str(cert))
+    ca = _public_key(tmp_path / "ca.pub")
+    said = host_certificate.check(key, ["127.0.0.1", "node-a"], [ca], set())
+    assert (said is None) if why is None else (why in said), said
+
+
+def test_a_forged_certificate_does_not_verify(tmp_path):
+    from hangdx.probes import host_certificate
+
+    _keygen(tmp_path / "ca")
+    _keygen(tmp_path / "host")
+    cert = _sign_host_key(tmp_path / "ca", tmp_path / "host.pub", "127.0.0.1")
+    kind, b64 = cert.read_text().split()[:2]
+    blob = bytearray(base64.b64decode(b64))
+    blob[-5] ^= 0x01  # one bit of the CA's signature
+    key = paramiko.Ed25519Key.from_private_key_file(str(tmp_path / "host"))
+    key.load_certificate(f"{kind} {base64.b64encode(bytes(blob)).decode()}")
+    ca = _public_key(tmp_path / "ca.pub")
+    said = host_certificate.check(key, ["127.0.0.1"], [ca], set())
+    assert said and "forged or damaged" in said
+
+
+def test_known_hosts_patterns_match_as_openssh_matches_them():
+    from hangdx.probes.host_certificate import pattern_matches
+
+    assert pattern_matches(["*.cluster.example"], ["gpu-07.cluster.example"])
+    assert pattern_matches(["gpu-0?.cluster.example"], ["GPU-07.cluster.example"])
+    assert not pattern_matches(["*.cluster.example", "!gpu-07.cluster.example"], ["gpu-07.cluster.example"])
+    assert not pattern_matches(["*.cluster.example"], ["cluster.example.evil"])
+    hashed = "|1|" + base64.b64encode(b"saltsaltsaltsaltsalt").decode() + "|"
+    import hashlib
+    import hmac
+
+    digest = hmac.new(b"saltsaltsaltsaltsalt", b"[127.0.0.1]:2222", hashlib.sha1).digest()
+    assert pattern_matches([hashed + base64.b64encode(digest).decode()], ["[127.0.0.1]:2222"])
 
 
 # -- connecting and authenticating ---------------------------------------------------------------------
