@@ -1,13 +1,15 @@
 """Big evidence: `hangdx analyze` time and peak memory against log size and rank count, grep as the floor.
 
-    python bench/scale.py [--sizes 15,150,1500] [--ranks 64,1024,4096] [--keep]
+    python bench/scale.py [--sizes 15,150,1500] [--ranks 64,1024,4096] [--folders 1024]
 
 Logs are NCCL INFO logs of 8 ranks on 2 hosts in NCCL's own format (hangdx/zoo/biglog.py), rank 5 three
 collectives behind; generated in a temporary folder, deleted after. Each row: the verdict (right when it is
 conditional_collective, rank 5), seconds of the whole `hangdx analyze` command (Python start-up included), its peak
 resident memory, and `grep -c opCount` on the same file in the same run. Rank rows: one py-spy dump per rank, one
 rank (777, or the last) in torch.save while the others wait in all_reduce. Targets: the verdict right at every
-size; time at most 3x grep; peak memory under 300 MB whatever the size; time linear in ranks.
+size; time at most 3x grep; peak memory under 300 MB whatever the size; time linear in ranks. Folder rows: a
+torchrun `--log-dir` tree per node (`node-NNN/<run>/attempt_0/<local rank>/stderr.log`, 8 local ranks a node) as
+people gather them, every rank's watchdog timing out in its allreduce but rank 777, which ran out of GPU memory.
 """
 
 from __future__ import annotations
@@ -30,6 +32,19 @@ Thread {pid} (idle): "MainThread"
 {frames}
 """
 WAIT = "    all_reduce (torch/distributed/distributed_c10d.py:3252)\n    train_step (train.py:41)\n"
+# torch's own lines (c10d prefixes them with the global rank), as tests/fixtures/torch_log records them.
+WATCHDOG = (
+    "[rank{r}]:[E515 18:36:47.341808597 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=241, OpType=ALLREDUCE, NumelIn=6, NumelOut=6, Timeout(ms)=600000) ran for 600086 "
+    "milliseconds before timing out.\n"
+)
+OOM = (
+    "[rank{r}]: Traceback (most recent call last):\n"
+    '[rank{r}]:   File "/workspace/train.py", line 41, in train_step\n'
+    "[rank{r}]:     loss = model(batch).sum()\n"
+    "[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.35 GiB. GPU 3 has a total capacity "
+    "of 63.42 GiB of which 1.70 GiB is free.\n"
+)
 SAVE = "    _save (torch/serialization.py:966)\n    save (torch/serialization.py:964)\n    save_checkpoint (train.py:60)\n"
 
 
@@ -65,6 +80,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="15,150,1500", help="log sizes in MB")
     ap.add_argument("--ranks", default="64,1024,4096")
+    ap.add_argument("--folders", default="1024", help="ranks of torchrun --log-dir trees, 8 a node")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="hangdx-scale-") as tmp:
@@ -89,6 +105,15 @@ def main() -> int:
                 (d / f"rank{r}.txt").write_text(text)
             v, secs, peak = run(["analyze", str(d), "--json"])
             rows.append((f"{n:,} py-spy dumps", verdict_cell(v, culprit), secs, peak, None))
+        for n in [int(x) for x in args.folders.split(",") if x]:
+            d = Path(tmp) / f"logdirs-{n}"
+            culprit = 777 if n > 777 else n - 1
+            for r in range(n):
+                f = d / f"node-{r // 8:03d}" / "run_0" / "attempt_0" / str(r % 8) / "stderr.log"
+                f.parent.mkdir(parents=True)
+                f.write_text((OOM if r == culprit else WATCHDOG).format(r=r))
+            v, secs, peak = run(["analyze", str(d), "--json"])
+            rows.append((f"{n:,} torchrun log folders", verdict_cell(v, culprit), secs, peak, None))
     print(f"{'input':26} {'verdict':40} {'seconds':>8} {'peak MB':>8} {'grep -c s':>10} {'x grep':>7}")
     print("-" * 104)
     for name, verdict, secs, peak, floor in rows:

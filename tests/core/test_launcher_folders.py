@@ -56,3 +56,21 @@ def test_launcher_file_names_give_ranks():
     assert rank_from_name("slurm-12345.out") is None  # a job's single file names no rank
     assert local_rank_from_path("run_x/attempt_2/3/stderr.log") == 3
     assert local_rank_from_path("run_x/attempt_2/3/notes.txt") is None
+
+
+def test_torchrun_log_dirs_of_several_nodes_name_the_global_rank_and_its_node(tmp_path):
+    """Side by side, each node's tree has local ranks 0 and 1; the global rank is what the file's lines say."""
+    watchdog = (
+        "[rank{r}]:[E515 18:36:47.341808597 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=241, OpType=ALLREDUCE, NumelIn=6, NumelOut=6, Timeout(ms)=600000) "
+        "ran for 600086 milliseconds before timing out.\n"
+    )
+    oom = "[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.35 GiB.\n"
+    for r in range(4):
+        f = tmp_path / f"gpu-node-{r // 2 + 1:02d}" / "run_x" / "attempt_0" / str(r % 2) / "stderr.log"
+        f.parent.mkdir(parents=True)
+        f.write_text((oom if r == 3 else watchdog).format(r=r))
+    v = engine.run(evidence_from_paths([str(tmp_path)]))
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [3]
+    assert v.root_cause.culprit.hosts == ["gpu-node-02"]
