@@ -129,7 +129,7 @@ def nccl_p2p_wait(facts: Facts) -> Iterator[Match]:
         return  # the stacks say where each rank waits (p2p_deadlock)
     per: dict[tuple, list[CollectiveRecord]] = defaultdict(list)
     for c in facts.ev.collectives:
-        if c.origin == "nccl_log" and c.quote is not None:
+        if c.origin == "nccl_log" and c.quote is not None and isinstance(c.sizes, dict):
             per[(c.quote.source, c.host, c.pid, c.device)].append(c)
     if not per:
         return
@@ -145,7 +145,7 @@ def nccl_p2p_wait(facts: Facts) -> Iterator[Match]:
             run.append(c)
         tails[key] = run[::-1]
     widest = max(
-        [int(c.sizes.get("nranks") or 0) for c in facts.ev.collectives]
+        [int(c.sizes.get("nranks") or 0) for calls in per.values() for c in calls]
         + [
             int(e.fields["nranks"])
             for e in facts.ev.events_of("nccl_init")
