@@ -171,6 +171,8 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     """Did every rank get through rendezvous and communicator set-up?"""
     in_init = facts.ranks_where("init")
     init_logs = facts.ev.events_of("nccl_conn_refused", "store_timeout", "rendezvous_timeout")
+    # A failure NCCL placed in the data path (the proxy thread, after set-up) is nccl_socket_fault's.
+    init_logs = [e for e in init_logs if e.fields.get("stage") != "data"]
     if not in_init and not init_logs:
         return
     if in_init and not _hung(facts):
@@ -475,6 +477,7 @@ def _comparable_last(facts: Facts, progress: dict[int, LogEvent]) -> dict[int, i
     """
     full: dict[int, int] = {}
     timed_out: dict[int, int] = {}
+    waits: dict[int, set[tuple]] = defaultdict(set)  # rank -> (process group, SeqNum) of its timeouts
     for r, v in facts.ranks.items():
         for c in v.collectives:
             if c.seq is None or c.op in ("send", "recv"):
@@ -483,6 +486,8 @@ def _comparable_last(facts: Facts, progress: dict[int, LogEvent]) -> dict[int, i
                 full[r] = max(full.get(r, c.seq), c.seq)
             else:
                 timed_out[r] = max(timed_out.get(r, c.seq), c.seq)
+                waits[r].add((c.pg, c.seq))
+    timed_out = _one_group(waits) if waits else timed_out
     enqueued = {
         r: e.fields["last_enqueued"]
         for r, e in progress.items()
@@ -494,6 +499,25 @@ def _comparable_last(facts: Facts, progress: dict[int, LogEvent]) -> dict[int, i
         if len(set(m.values())) > 1:
             return m
     return usable[0] if usable else {}
+
+
+def _one_group(waits: dict[int, set[tuple]]) -> dict[int, int]:
+    """Timeout SeqNums are comparable only within one process group: each group numbers its own collectives.
+
+    A rank that timed out at several SeqNums with no group named is in several groups, and then no line says
+    which number belongs to which group: nothing can be compared. Named groups are compared in the group most
+    ranks report.
+    """
+    if any(pg is None for w in waits.values() for pg, _ in w):
+        if any(len({seq for _, seq in w}) > 1 for w in waits.values()):
+            return {}
+        return {r: max(seq for _, seq in w) for r, w in waits.items()}
+    ranks_in: dict[object, set[int]] = defaultdict(set)
+    for r, w in waits.items():
+        for pg, _ in w:
+            ranks_in[pg].add(r)
+    pg = max(ranks_in, key=lambda g: (len(ranks_in[g]), str(g)))
+    return {r: max(seq for g, seq in w if g == pg) for r, w in waits.items() if r in ranks_in[pg]}
 
 
 @playbook("sequence_divergence", order=60)

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from hangdx.probes.model import CollectiveRecord, Evidence, LogEvent, Quote, Source
+from hangdx.probes.nccl_error import stage_of as _stage_of
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary, strip_rank_prefix
 
@@ -26,11 +27,14 @@ QUIET_WHEN_EMPTY = True
 
 _LINE = re.compile(
     r"(?<![\w.\-])(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
-    r"(?:\d+\.\d+ )?(?:\S+:\d+ (?:\([^()]*\) )?)?NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
+    r"(?:\d+\.\d+ )?(?:(?:\S+:|\S+\.(?:h|hpp|c|cc|cu|cpp) )\d+ (?:\([^()]*\) )?)?"  # <= 2.3: `socket.h 398 `
+    r"NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
 )
 # A warning quoted without its prefix, as people paste one line of a log: `NCCL WARN NET/IB : Got async event ...`
 # (and `transport/net_ib.cc:1234 NCCL WARN ...`): read as NCCL's, from no known host or process.
 _BARE = re.compile(r"^(?:\S+\.cc:\d+ )?NCCL (?P<level>WARN) (?P<msg>\S.*)$")
+# A log whose `host:pid:tid` was cut off, keeping the CUDA device: `[0] NCCL INFO Send: opCount 1 ...`.
+_NO_HOST = re.compile(r"^\[(?P<dev>-?\d{1,6})\] (?:\S+:\d+ )?NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>\S.*)$")
 _TIMESTAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
 _VERSION = re.compile(r"NCCL version (\d{1,6})\.(\d{1,6})\.(\d{1,6})(\S*)")  # int() refuses 5000 digits
 _COLL = re.compile(
@@ -80,7 +84,8 @@ _CONNECT_FAIL = re.compile(
     r"(?:[Cc]onnect to (?P<peer>\S+) (?:failed : |returned )(?P<err>[^,]+)(?:, retrying.*|, exceeded.*)?$"
     r"|Call to connect returned (?P<err2>[^,]{1,200}), retrying"
     r"|Connection closed by remote peer (?P<peer3>\S+)"
-    r"|Call to (?:recv from|send to) (?P<peer4>\S+) failed : (?P<err4>.*\S))"
+    r"|Call to (?:recv from|send to) (?P<peer4>\S+) failed : (?P<err4>.*\S)"
+    r"|Call to (?:connect|recv|send|read|write)\w{0,8} failed ?: (?P<err5>[^.]*[^.\s]))"  # <= 2.3: no peer named
 )
 _TIMEOUT = re.compile(r"exceeded timeouts|timed out|[Tt]imeout", re.I)
 
@@ -146,10 +151,11 @@ def match_line(line: str) -> NcclLine | None:
     rank, rest = strip_rank_prefix(line)
     m = _LINE.search(rest)
     if not m:
-        b = _BARE.match(rest.strip())
+        b = _BARE.match(rest.strip()) or _NO_HOST.match(rest.strip())
         if b is None:
             return None
-        return NcclLine(0, line, "", None, None, -1, b["level"], b["msg"].rstrip(), rank_prefix=rank)
+        dev = int(b["dev"]) if "dev" in b.groupdict() else -1
+        return NcclLine(0, line, "", None, None, dev, b["level"], b["msg"].rstrip(), rank_prefix=rank)
     ts = _TIMESTAMP.match(rest)
     return NcclLine(
         lineno=0,
@@ -270,6 +276,46 @@ def parse_nccl_lines(
         ev.note_host(nl.host)
     _finish_collectives(st, src, ev)
     _fill_ranks(st, ev.events[first_event:])
+    _mark_stages(nccl, ev.events[first_event:])
+
+
+# Where a failure happened, from the failing line and NCCL's error trace after it (`init.cc:1234 -> 2`, `proxy.cc:614
+# -> 2 [Proxy Thread]`): set-up (bootstrap, communicator init, socket creation) or the data path (the proxy thread
+# moving a collective's bytes). Either decides; with neither, a process that already finished `Init COMPLETE` or
+# issued collectives is past set-up.
+_TRACE = re.compile(r"^(?:\S+:\d+ )?\S+:\d+ ?-> ?\d+")  # NCCL's error return trace: `file.cc:123 -> 2`
+_STAGED = ("nccl_conn_refused", "nccl_warn", "nccl_timeout")
+_CONNECTING = re.compile(r"[Cc]onnect(?:ion)? to|Call to connect")
+
+
+def _mark_stages(nccl: list[NcclLine], events: list[LogEvent]) -> None:
+    """Give each failure event `stage`: "init" or "data" when its line or the trace after it says (see above)."""
+    at = {nl.lineno: i for i, nl in enumerate(nccl)}
+    set_up: dict[tuple, int] = {}  # process -> index of its first `Init COMPLETE` or collective line
+    for i, nl in enumerate(nccl):
+        if (nl.host, nl.pid) not in set_up and ("Init COMPLETE" in nl.msg or _COLL.match(nl.msg)):
+            set_up[(nl.host, nl.pid)] = i
+    for e in events:
+        i = at.get(e.quote.line)
+        if e.kind not in _STAGED or i is None:
+            continue
+        nl = nccl[i]
+        stage = _stage_of(nl.msg)
+        proc = (nl.host, nl.pid)
+        seen = 0
+        for later in nccl[i + 1 : i + 200]:  # its trace: the next lines of the same process
+            if stage or seen >= 20:
+                break
+            if (later.host, later.pid) != proc:
+                continue
+            seen += 1
+            if later.level == "WARN" and not _TRACE.match(later.msg) and not _stage_of(later.msg):
+                break  # the next failure: its own trace follows it
+            stage = _stage_of(later.msg)
+        if stage is None and not _CONNECTING.search(nl.msg) and set_up.get(proc, i) < i:
+            stage = "data"  # a failed connect may be a late set-up; a failed send or receive is not
+        if stage:
+            e.fields["stage"] = stage
 
 
 def _fill_ranks(st: _State, events: list[LogEvent]) -> None:
@@ -451,7 +497,8 @@ def _ib_completion(nl: NcclLine, m: re.Match, src: Source, ev: Evidence) -> None
 
 def _conn_event(nl: NcclLine, m: re.Match, src: Source, ev: Evidence) -> None:
     peer = m["peer"] or m["peer3"] or m["peer4"]
-    err = m["err"] or m["err2"] or m["err4"] or ("Connection closed by remote peer" if m["peer3"] else None)
+    err = m["err"] or m["err2"] or m["err4"] or m["err5"]
+    err = err or ("Connection closed by remote peer" if m["peer3"] else None)
     err = err.strip() if err else err
     _event("nccl_conn_refused", nl, src, ev, peer=peer, error=err, retrying="retrying" in nl.msg)
 

@@ -43,6 +43,8 @@ _COLL = b" opCount "
 # NCCL's `host:pid:tid [dev]`: found from its `:pid:tid [` (tried only at colons), then the host before it.
 _NCCL_PID = re.compile(rb"(?<=[\w.\-]):(\d{1,10}):\d{1,10} \[-?\d{1,6}\]")
 _NCCL_HOST = re.compile(rb"[A-Za-z0-9][\w.\-]{0,253}$")
+# A log pasted without `host:pid:tid`, only NCCL's `[dev] `: the device is all that tells its processes apart.
+_NCCL_DEV = re.compile(rb"^\[-?\d{1,6}\] (?=(?:\S+:\d+ )?NCCL )")
 _COMM = re.compile(rb" comm (0x[0-9a-fA-F]{1,16}|\(nil\))")
 
 
@@ -283,7 +285,8 @@ def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
     """NCCL's `host:pid:` of a line, and where its prefix ends."""
     m = _NCCL_PID.search(ln)
     if not m:
-        return None
+        d = _NCCL_DEV.match(ln)
+        return (d.group(0), d.end()) if d else None
     h = _NCCL_HOST.search(ln, max(0, m.start() - 254), m.start())
     if not h:
         return None

@@ -19,6 +19,7 @@ _MODULES = [
     "procstate",
     "flight_recorder",
     "nccl_log",
+    "nccl_error",
     "torch_log",
     "nvidia_smi",
     "kernel_log",

@@ -1,0 +1,200 @@
+"""What NCCL's own words settle, with or without ranks: a set-up that failed, a socket that broke on the data path,
+processes whose last NCCL calls are point-to-point.
+
+NCCL names the stage of a failure itself (probes/nccl_log.py and probes/nccl_error.py read it into an event's
+`stage`): a bootstrap or socket set-up failure, or an error raised from ncclCommInitRank*, means the communicator
+never got set up, whatever rank printed it; a send or receive that fails in the proxy thread after set-up is the
+network failing under a running job. A log whose processes stop in Send/Recv is waiting on a peer's matching call.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+
+from hangdx.playbooks.engine import Match, playbook
+from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.verdict import Culprit
+from hangdx.probes.model import CollectiveRecord, LogEvent, Quote
+
+_FAILURES = ("nccl_error", "nccl_warn", "nccl_conn_refused", "nccl_timeout")
+_NETWORK_WORDS = re.compile(r"[Ss]ocket|[Bb]ootstrap|interface|[Cc]onnect|AF_INET|[Aa]ddress")
+_TRACE_ONLY = re.compile(r"^(?:\S+:\d+ )?\S+:\d+ ?-> ?\d+")  # `transport.cu:153 ->2 [Proxy thread error]`
+
+
+def _quotes(e: LogEvent) -> list[Quote]:
+    """The event's line, and the lines that continue its message (`Last error:` and what follows)."""
+    lines = e.fields.get("lines") or []
+    out = [Quote(e.quote.source, int(no), str(text)) for no, text in lines if isinstance(no, int)]
+    return out or [e.quote]
+
+
+def _hosts(events: list[LogEvent]) -> list[str]:
+    hosts = sorted({e.host for e in events if e.host})
+    named = [h for h in hosts if not h.isdigit()]  # `[15]23:83:2526`: a cut prefix, not a host
+    return named or hosts
+
+
+def _message(e: LogEvent) -> str:
+    return str(e.fields.get("last_error") or e.fields.get("message") or e.fields.get("error") or e.quote.text)
+
+
+@playbook("nccl_setup_failed", order=21)
+def nccl_setup_failed(facts: Facts) -> Iterator[Match]:
+    """Did NCCL itself say that communicator set-up failed (bootstrap, socket interface, ncclCommInitRank)?"""
+    events = [e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "init"]
+    if not events:
+        return
+    ranks = sorted({e.rank for e in events if e.rank is not None})
+    settings = [e for e in facts.ev.events_of("nccl_net") if e.fields.get("setting")]
+    ifnames: dict[str, str] = {}
+    for e in settings:
+        ifnames.setdefault(str(e.fields["setting"]), str(e.fields.get("devices")))
+    texts = " ".join(_message(e) + " " + e.quote.text for e in events)
+    evidence = [q for e in events[:3] for q in _quotes(e)] + [e.quote for e in settings[:1]]
+    yield Match(
+        "comm_init_failure",
+        0.88,
+        Culprit(ranks=ranks, hosts=_hosts(events)),
+        evidence,
+        {
+            "ranks": ranks,
+            "hosts": _hosts(events),
+            "reason": _message(events[0])[:300],
+            "function": next((e.fields["function"] for e in events if e.fields.get("function")), None),
+            "ifnames": ifnames,
+            "ifname_hosts": _hosts(settings),
+            "network": bool(ifnames or _NETWORK_WORDS.search(texts)),
+        },
+        status="failed",
+    )
+
+
+@playbook("nccl_socket_fault", order=81)
+def nccl_socket_fault(facts: Facts) -> Iterator[Match]:
+    """Did an NCCL socket send or receive fail on the data path (the proxy thread), after set-up?"""
+    events = [e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "data"]
+    failures = [e for e in events if not _TRACE_ONLY.match(str(e.fields.get("message") or ""))]
+    if not failures:
+        return
+    hosts = _hosts(failures)
+    ranks = sorted({e.rank for e in failures if e.rank is not None})
+    peers = sorted({str(e.fields["peer"]) for e in failures if e.fields.get("peer")})
+    closed = all("closed by remote peer" in e.quote.text.lower() for e in failures)
+    errors = list(dict.fromkeys(str(e.fields.get("error") or e.fields.get("message")) for e in failures))
+    yield Match(
+        "network_fault",
+        0.7 if closed else 0.8,  # a peer that closed its socket may simply have died
+        Culprit(ranks=ranks, hosts=hosts),
+        [e.quote for e in failures[:4]] + [e.quote for e in events if e not in failures][:2],
+        {"hosts": hosts, "ranks": ranks, "peers": peers, "errors": errors[:3], "closed": closed},
+        status="hung",
+    )
+
+
+# -- point-to-point calls a process stopped in ------------------------------------------------------------------
+
+_P2P = ("send", "recv")
+
+
+def _process_name(c: CollectiveRecord) -> str:
+    parts = [
+        c.host or "",
+        f"pid {c.pid}" if c.pid is not None else "",
+        f"cudaDev {c.device}" if c.device is not None else "",
+    ]
+    return " ".join(p for p in parts if p) or "the process"
+
+
+def _own_rank(calls: list[CollectiveRecord]) -> int | None:
+    """A process's rank in the one communicator its calls use: NCCL's own, or the other end of a 2-rank one."""
+    comms = {c.pg for c in calls}
+    if len(comms) != 1:
+        return None
+    known = {c.rank for c in calls if c.rank is not None}
+    if len(known) == 1:
+        return known.pop()
+    nranks = {c.sizes.get("nranks") for c in calls}
+    peers = {c.sizes.get("root") for c in calls}
+    if nranks == {2} and len(peers) == 1 and peers <= {0, 1}:
+        return 1 - int(peers.pop())  # type: ignore[arg-type]
+    return None
+
+
+@playbook("nccl_p2p_wait", order=46)
+def nccl_p2p_wait(facts: Facts) -> Iterator[Match]:
+    """NCCL logs: do the processes' last NCCL calls stop in point-to-point Send/Recv?"""
+    if facts.have_stacks:
+        return  # the stacks say where each rank waits (p2p_deadlock)
+    per: dict[tuple, list[CollectiveRecord]] = defaultdict(list)
+    for c in facts.ev.collectives:
+        if c.origin == "nccl_log" and c.quote is not None and isinstance(c.sizes, dict):
+            per[(c.quote.source, c.host, c.pid, c.device)].append(c)
+    if not per:
+        return
+    tails: dict[tuple, list[CollectiveRecord]] = {}
+    for key, calls in per.items():
+        calls.sort(key=lambda c: c.quote.line if c.quote else 0)
+        if calls[-1].op not in _P2P:
+            return  # some process's last call is a collective: the sequence playbooks compare them
+        run: list[CollectiveRecord] = []
+        for c in reversed(calls):
+            if c.op not in _P2P:
+                break
+            run.append(c)
+        tails[key] = run[::-1]
+    widest = max(
+        [int(c.sizes.get("nranks") or 0) for calls in per.values() for c in calls]
+        + [
+            int(e.fields["nranks"])
+            for e in facts.ev.events_of("nccl_init")
+            if isinstance(e.fields.get("nranks"), int)
+        ]
+    )
+    own = {k: _own_rank(run) for k, run in tails.items()}
+    # Ranks in a communicator are job ranks only when it is the widest the evidence shows and each process's
+    # place in it is known.
+    global_ranks = all(r is not None for r in own.values()) and all(
+        c.sizes.get("nranks") == widest for run in tails.values() for c in run
+    )
+    ranks: set[int] = set()
+    if global_ranks:
+        for k, run in tails.items():
+            ranks.add(own[k])  # type: ignore[arg-type]
+            ranks |= {int(c.sizes["root"]) for c in run if isinstance(c.sizes.get("root"), int)}
+    # Two processes each sending to (or each receiving from) the other: both wait on a call the peer never posts.
+    crossed = False
+    if global_ranks and len(tails) >= 2:
+        last = {own[k]: run[-1] for k, run in tails.items()}
+        crossed = any(
+            a.op == b.op and b.sizes.get("root") == ra and a.sizes.get("root") == rb
+            for ra, a in last.items()
+            for rb, b in last.items()
+            if ra != rb
+        )
+    procs = [
+        {
+            "name": _process_name(run[-1]),
+            "rank": own[k] if global_ranks else None,
+            "ops": [c.op for c in run],
+            "last": run[-1].op,
+            "peer": run[-1].sizes.get("root"),
+            "comms": len({c.pg for c in run}),
+            "nranks": run[-1].sizes.get("nranks"),
+        }
+        for k, run in tails.items()
+    ]
+    evidence = [q for run in tails.values() for c in run[-3:] if (q := c.quote)]
+    yield Match(
+        "p2p_deadlock",
+        0.8 if crossed else (0.7 if len(tails) >= 2 else 0.6),
+        Culprit(
+            ranks=sorted(ranks),
+            hosts=sorted({c.host for run in tails.values() for c in run if c.host}),
+            processes=[] if global_ranks else [p["name"] for p in procs],
+        ),
+        evidence,
+        {"procs": procs, "ranks": sorted(ranks), "crossed": crossed, "named": global_ranks},
+        status="hung",
+    )

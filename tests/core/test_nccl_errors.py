@@ -1,0 +1,217 @@
+"""What NCCL's own words settle without ranks: set-up failures, socket faults on the data path, p2p waits,
+and watchdog SeqNums compared only within one process group.
+
+Every text below is quoted from a public report (the same lines as tests/fixtures/real/ where a case is named):
+NVIDIA/nccl #1837, #210, #706, #193, #584, #783, marin-community/marin #7018, NVIDIA/nccl-tests #166
+(a socket failure inside communicator init), pytorch/pytorch #118369 (watchdog timeouts of several groups).
+"""
+
+from __future__ import annotations
+
+from hangdx.playbooks import engine
+from hangdx.probes import reader
+from hangdx.probes.model import Evidence, Source
+
+
+def verdict(text: str):
+    ev = Evidence()
+    reader.read_text([text.encode()], Source("paste.log"), ev)
+    return engine.run(ev), ev
+
+
+def categories(v) -> set[str]:
+    return {f.category for f in v.findings}
+
+
+# -- set-up failures ------------------------------------------------------------------------------------------
+
+IFNAME_1837 = """\
+[trainer3]:twshared1016:1958:1958 [3] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth2
+[trainer0|0]:ncclInternalError: Internal check failed.
+[trainer0|0]:Last error:
+[trainer0|0]:ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor AF_INET6(10)
+"""
+
+
+def test_an_internal_error_from_socket_init_is_a_set_up_failure_pointing_at_the_forced_interface():
+    v, ev = verdict(IFNAME_1837)
+    (err,) = ev.events_of("nccl_error")
+    assert err.fields["code"] == "ncclInternalError"
+    assert err.fields["stage"] == "init"
+    assert err.fields["last_error"].startswith("ncclSocketInit: connecting to address")
+    rc = v.root_cause
+    assert rc.category == "comm_init_failure"
+    assert "NCCL_SOCKET_IFNAME=eth2" in rc.fix
+    assert any("ncclSocketInit" in q.text for q in rc.evidence)  # the cause is quoted, verbatim
+    assert any("set by environment to eth2" in q.text for q in rc.evidence)
+
+
+def test_xla_comm_init_failure_with_no_socket_interface_is_a_set_up_failure():
+    text = (
+        "Failed to create NCCL communicator: INTERNAL: ncclCommInitRankConfig(...) failed:\n"
+        "invalid usage ... Last NCCL warning(error): 'Bootstrap : no socket interface found'\n"
+    )
+    v, ev = verdict(text)
+    (err,) = ev.events_of("nccl_error")
+    assert err.fields["function"] == "ncclCommInitRankConfig"
+    assert err.fields["code"] == "ncclInvalidUsage"
+    assert err.fields["last_error"] == "Bootstrap : no socket interface found"
+    assert v.root_cause.category == "comm_init_failure"
+    assert "NCCL_SOCKET_IFNAME" in v.root_cause.fix
+
+
+def test_an_nccl2_warning_without_the_word_nccl_is_read():
+    v, ev = verdict(
+        "include/socket.h:344 WARN Socket creation failed : Address family not supported by protocol\n"
+    )
+    assert ev.events_of("nccl_warn")[0].fields["stage"] == "init"
+    assert v.root_cause.category == "comm_init_failure"
+
+
+def test_a_socket_failure_whose_trace_runs_through_init_is_a_set_up_failure():
+    text = """\
+ubuntu:39964:40044 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer node1<57557>
+ubuntu:39964:40044 [0] NCCL INFO misc/socket.cc:749 -> 6
+ubuntu:39964:40044 [0] NCCL INFO transport/net.cc:288 -> 3
+ubuntu:39964:40044 [0] NCCL INFO init.cc:1089 -> 3
+"""
+    v, ev = verdict(text)
+    assert ev.events_of("nccl_conn_refused")[0].fields["stage"] == "init"
+    assert v.root_cause.category == "comm_init_failure"
+    assert "network_fault" not in categories(v)
+
+
+# -- the data path ---------------------------------------------------------------------------------------------
+
+RECV_706 = """\
+[15]worker-23:83:2526 [0] misc/socket.cc:503 NCCL WARN Net : Call to recv from 100.96.188.199<41468> failed : Connection timed out
+[15]worker-23:83:2526 [0] NCCL INFO misc/socket.cc:520 -> 2
+[15]23:83:2526 [0] transport/net_socket.cc:219 NCCL WARN NET/Socket : socket progress error
+[15]worker-23:83:2520 [0] NCCL INFO include/net.h:32 -> 2
+[15]worker-23:83:2520 [0] NCCL INFO transport/net.cc:870 -> 2
+[15]worker-23:83:2520 [0] NCCL INFO proxy.cc:494 -> 2
+[15]worker-23:83:2520 [0] NCCL INFO proxy.cc:614 -> 2 [Proxy Thread]
+"""
+
+
+def test_a_recv_that_fails_in_the_proxy_thread_is_a_network_fault_not_a_set_up_failure():
+    v, ev = verdict(RECV_706)
+    assert {e.fields.get("stage") for e in ev.events_of("nccl_conn_refused", "nccl_warn")} == {"data"}
+    rc = v.root_cause
+    assert rc.category == "network_fault"
+    assert rc.culprit.hosts == ["worker-23"]  # `23` is a cut prefix, not a host
+    assert "100.96.188.199" in rc.summary
+    assert "comm_init_failure" not in categories(v)
+
+
+def test_nccl_2_3_socket_errors_in_the_proxy_thread_are_a_network_fault():
+    text = """\
+worker0-0d9gnb:15:91 [3] include/socket.h 398 NCCL WARN Call to write failed : Connection reset by peer.
+worker0-0d9gnb:15:91 [3] transport.cu:153 NCCL WARN transport.cu:153 ->2 [Proxy thread error]
+"""
+    v, ev = verdict(text)
+    (e,) = ev.events_of("nccl_conn_refused")
+    assert e.fields["error"] == "Connection reset by peer" and e.fields["stage"] == "data"
+    assert v.root_cause.category == "network_fault"
+
+
+def test_a_failed_connect_with_no_stage_named_is_still_a_set_up_failure():
+    text = (
+        "node1:1:2 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<45763> "
+        "failed : Software caused connection abort\n"
+    )
+    v, ev = verdict(text)
+    assert "stage" not in ev.events_of("nccl_conn_refused")[0].fields
+    assert v.root_cause.category == "comm_init_failure"
+
+
+# -- point-to-point ---------------------------------------------------------------------------------------------
+
+SENDS_783 = """\
+[0] NCCL INFO Send: opCount 1 sendbuff (nil) recvbuff 0x7fbfbe7a4f40 count 1572864 datatype 7 op 0 root 1 comm 0x5574e8f68900 [nranks=2] stream 0x5574b87450d0
+[0] NCCL INFO Send: opCount 2 sendbuff (nil) recvbuff 0x7fbfc09b1040 count 1572864 datatype 7 op 0 root 1 comm 0x5574e8f68900 [nranks=2] stream 0x5574b87450d0
+"""
+P2P_584 = """\
+ubuntu:199574:201142 [1] NCCL INFO Recv: opCount da0 sendbuff (nil) recvbuff 0x7f526c000000 count 2420736 datatype 7 op 0 root 0 comm 0x7f516c002e10 [nranks=2] stream 0x55f1de7279a0
+ubuntu:199574:201142 [1] NCCL INFO Send: opCount d98 sendbuff 0x7f526f13c000 recvbuff (nil) count 2420736 datatype 7 op 0 root 1 comm 0x7f5128002e10 [nranks=2] stream 0x55f1de727ae0
+ubuntu:199574:201142 [1] NCCL INFO Send: opCount d9a sendbuff 0x7f526fa78000 recvbuff (nil) count 2420736 datatype 7 op 0 root 1 comm 0x7f5128002e10 [nranks=2] stream 0x55f1de727ae0
+"""
+
+
+def test_lines_without_host_pid_tid_are_read_and_sends_to_the_peer_are_a_p2p_wait_between_both_ranks():
+    v, ev = verdict(SENDS_783)
+    assert [c.op for c in ev.collectives] == ["send", "send"]
+    assert all(c.device == 0 for c in ev.collectives)
+    rc = v.root_cause
+    assert rc.category == "p2p_deadlock"
+    assert rc.culprit.ranks == [0, 1]  # a 2-rank communicator: the sender is 0, `root 1` the peer
+
+
+def test_p2p_calls_over_two_communicators_name_the_process_not_ranks():
+    v, _ = verdict(P2P_584)
+    rc = v.root_cause
+    assert rc.category == "p2p_deadlock"
+    assert rc.culprit.ranks == []  # rank 1 in one communicator, rank 0 in the other: not job ranks
+    assert rc.culprit.processes == ["ubuntu pid 199574 cudaDev 1"]
+
+
+def test_two_ranks_sending_to_each_other_are_surer():
+    other = (
+        SENDS_783.replace("[0] NCCL", "[1] NCCL").replace("root 1", "root 0").replace("0x5574e8f68900", "0x1")
+    )
+    v, _ = verdict(SENDS_783 + other)
+    assert v.root_cause.category == "p2p_deadlock"
+    assert v.root_cause.confidence >= 0.8
+
+
+def test_a_process_whose_last_call_is_a_collective_is_no_p2p_wait():
+    allreduce = (
+        "ubuntu:199574:201142 [1] NCCL INFO AllReduce: opCount da4 sendbuff 0x7f526c000000 recvbuff 0x7f526c000000 "
+        "count 2420736 datatype 7 op 0 root 0 comm 0x7f516c002e10 [nranks=2] stream 0x55f1de7279a0\n"
+    )
+    v, _ = verdict(P2P_584 + allreduce)
+    assert "p2p_deadlock" not in categories(v)
+
+
+# -- watchdog SeqNums across process groups --------------------------------------------------------------------
+
+
+def _timeout(rank: int, seq: int, pg: str = "") -> str:
+    return (
+        f"[E ProcessGroupNCCL.cpp:458] [{pg}Rank {rank}] Watchdog caught collective operation timeout: "
+        f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 25625613 milliseconds before timing out.\n"
+    )
+
+
+def test_seqnums_of_unnamed_groups_are_not_compared_across_ranks():
+    text = _timeout(0, 96117) + _timeout(0, 96120) + _timeout(0, 96125) + _timeout(7, 64088)
+    v, _ = verdict(text)
+    assert "conditional_collective" not in categories(v)
+    assert v.root_cause.category == "unknown"
+
+
+def test_one_seqnum_per_rank_is_still_compared():
+    v, _ = verdict(_timeout(0, 120) + _timeout(1, 120) + _timeout(2, 119))
+    assert v.root_cause.category == "conditional_collective"
+    assert v.root_cause.culprit.ranks == [2]
+
+
+def test_named_groups_are_compared_within_one_group():
+    text = (
+        _timeout(0, 50, "PG 0 ")
+        + _timeout(1, 50, "PG 0 ")
+        + _timeout(2, 48, "PG 0 ")
+        + _timeout(0, 9000, "PG 3 ")  # another group's numbers: never compared with PG 0's
+    )
+    v, _ = verdict(text)
+    assert v.root_cause.category == "conditional_collective"
+    assert v.root_cause.culprit.ranks == [2]
+
+
+def test_a_long_log_without_host_pid_tid_keeps_each_devices_last_calls():
+    """The reader keeps only each process's last collective lines of a huge log; `[dev]` names the process."""
+    line = SENDS_783.splitlines()[0]
+    lines = [line.replace("opCount 1 ", f"opCount {i:x} ") for i in range(1, 30_001)]
+    v, ev = verdict("\n".join(lines) + "\n")
+    assert max(int(c.quote.line) for c in ev.collectives) == 30_000
+    assert v.root_cause.category == "p2p_deadlock"
