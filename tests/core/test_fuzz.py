@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hangdx.playbooks import engine
@@ -238,7 +238,9 @@ def _quotes_its_line(quote: str, no: int, all_lines: list[str]) -> bool:
     """A quote is its line as printed, or as the reader cleaned it (prefix, colours, bar taken off; a wrap joined)."""
     raw = all_lines[no - 1]
     clean = raw.replace("\x00", "")  # the reader drops NUL bytes
-    forms = [raw, clean, *(ln.text for ln in Normaliser().line(no, clean))]
+    cleaned = Normaliser().line(no, clean)
+    # The reader puts torchrun's `[rankN]:` back before a cleaned log line: its quote says who said it.
+    forms = [raw, clean, *(ln.text for ln in cleaned), *(ln.torchrun + ln.text for ln in cleaned)]
     q = quote.strip()
     return any(q in f for f in forms) or any(f.strip() and q.startswith(f.strip()) for f in forms[2:])
 
@@ -387,6 +389,14 @@ def test_each_fixture_still_yields_what_it_yielded_before(kind, name, data):
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=mutated())
+@example(
+    case=(
+        "torch_log",
+        "monitored_barrier.log",
+        b'\n*****************************************\nSetting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system being overloaded, please further tune the variable for optimal performance in your application as needed. \n*****************************************\n[rank0]:[E1122 01:48:50.682679688 ProcessGroupGloo.cpp:2901] [Rank 0]: Rank 1 failed to pass monitoredBarrier in 3000 ms\n[rank0]:[E1122 01:48:50.682717997 ProcessGroupGloo.cpp:2901] [Rank 0]: Rank 2 failed to pass monitoredBarrier in 3000 ms\n[rank0]:[E1122 01:48:50.682727592 ProcessGrou\x1bGloo.cpp:67] [Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 3000 ms\n[rank0]: Traceback (most recent call last):\n[rank0]:   File "/tmp/hangdx_fixture_dfs1c0bq/train.py", line 10, in <module>\n[rank0]:     dist.monitored_barrier(timeout=timedelta(seconds=3), wait_all_ranks=True)\n[rank0]:   File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 5435, in monitored_barrier\n[rank0]:     return group_to_use.monitored_barrier(  # type:ignore[attr-defined]\n[rank0]:            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n[rank0]: RuntimeError: [Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 3000 ms\nW1122 01:48:50.844000 8255 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 8270 closing signal SIGTERM\nW1122 01:48:50.847000 8255 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 8271 closing signal SIGTERM\nE1122 01:48:50.879000 8255 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 8269) of binary: /root/.pyenv/versions/3.11.7/bin/python\nTraceback (most recent call last):\n  File "<frozen runpy>", line 198, in _run_module_as_main\n  File "<frozen runpy>", line 88, in _run_code\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>\n    main()\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper\n    return f(*args, **kwargs)\n           ^^^^^^^^^^^^^^^^^^\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/run.py", line 1028, in main\n    run(args)\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/run.py", line 1019, in run\n    elastic_launch(\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 194, in __call__\n    return launch_agent(\n           ^^^^^^^^^^^^^\n  File "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent\n    raise ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n============================================================\n/tmp/hangdx_fixture_dfs1c0bq/train.py FAILED\n------------------------------------------------------------\nFailures:\n[1]:\n  time      : 2026-11-22_01:48:50\n  host      : localhost\n  rank      : 1 (local_rank: 1)\n  exitcode  : -15 (pid: 8270)  (SIGTERM)\n  error_file: <N/A>\n  traceback : Signal 15 (SIGTERM) received by PID 8270\n[2]:\n  time      : 2026-11-22_01:48:50\n  host      : localhost\n  rank      : 2 (local_rank: 2)\n  exitcode  : -15 (pid: 8271)  (SIGTERM)\n  error_file: <N/A>\n  traceback : Signal 15 (SIGTERM) received by PID 8271\n------------------------------------------------------------\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-11-22_01:48:50\n  host      : localhost\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 8269) \n  error_file: <N/A>\n  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n============================================================\n',
+        ["flip"],
+    ),
+).via("discovered failure")
 def test_mutated_fixtures_parse_to_valid_evidence(case):
     kind, name, data, done = case
     ev = parse(kind, data, name)
