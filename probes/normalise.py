@@ -25,7 +25,7 @@ _OMPI_TAG = re.compile(r"\[\d{1,9},(\d{1,9})\]<(?:stdout|stderr|stddiag)>:")
 # `zeyer@cn-234 ~ % nvidia-smi`): the output under it came from that host.
 _PROMPT = re.compile(
     r"(?:\([\w.\-]{1,64}\) ?)?\[?[a-z_][\w.\-]{0,31}@([A-Za-z0-9][A-Za-z0-9_.\-]{0,62})"
-    r"(?:[: ][^\s$#%>\]]{0,256})?\]? ?[$#%](?: (.*)|\s*$)"
+    r"(?::[~/][^\s$#%>\]]{0,256}| [~/][^\s$#%>\]]{0,256}| [\w.\-~/]{1,128}(?=\]))?\]? ?[$#%](?: (.*)|\s*$)"
 )
 # Commands whose output comes from other hosts (launchers, remote shells): their prompt names no source.
 _REMOTE_CMD = re.compile(
