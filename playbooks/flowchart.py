@@ -195,6 +195,11 @@ def never_joined(facts: Facts) -> Iterator[Match]:
             "missing": facts.missing,
             "where": where,
             "log_lines": [e.quote.text for e in init_logs[:2]],
+            "targets": sorted({str(e.fields["target"]) for e in init_logs if e.fields.get("target")}),
+            "unreachable": next(
+                (e.fields["unreachable"] for e in init_logs if e.fields.get("unreachable")), None
+            ),
+            "log_hosts": _hosts_of_events(init_logs),
         },
         status="hung",
     )

@@ -19,6 +19,19 @@ from hangdx.probes.naming import host_from_path, rank_from_name
 # CSI (colours, cursor moves), OSC (titles, links) and two-character escapes; bounded, so linear.
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _TORCHRUN = re.compile(r"\[(?:default)?rank(\d{1,9})\]:\s?")
+# Open MPI's `mpirun --tag-output`: `[1,3]<stderr>:` is job 1, rank 3 (the line follows the colon directly).
+_OMPI_TAG = re.compile(r"\[\d{1,9},(\d{1,9})\]<(?:stdout|stderr|stddiag)>:")
+# A shell prompt before a command (`user@gpu-node-03:~/run$ nvidia-smi`, `[user@node17 dir]# dmesg`,
+# `zeyer@cn-234 ~ % nvidia-smi`): the output under it came from that host.
+_PROMPT = re.compile(
+    r"(?:\([\w.\-]{1,64}\) ?)?\[?[a-z_][\w.\-]{0,31}@([A-Za-z0-9][A-Za-z0-9_.\-]{0,62})"
+    r"(?::[~/][^\s$#%>\]]{0,256}| [~/][^\s$#%>\]]{0,256}| [\w.\-~/]{1,128}(?=\]))?\]? ?[$#%](?: (.*)|\s*$)"
+)
+# Commands whose output comes from other hosts (launchers, remote shells): their prompt names no source.
+_REMOTE_CMD = re.compile(
+    r"\s*(?:sudo )?(?:mpirun|mpiexec|srun|salloc|sbatch|torchrun|deepspeed|accelerate|horovodrun|pdsh|clush|ssh"
+    r"|kubectl|docker|ray|python\S* -m torch\.distributed)\b"
+)
 _SRUN = re.compile(r"\s{0,6}(\d{1,6}): ")
 _RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
 _POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
@@ -88,6 +101,7 @@ class Normaliser:
 
     def __init__(self) -> None:
         self._gutter: int | None = None  # the last line number of a `[1743] ` gutter, when the text has one
+        self._prompt_host: str | None = None  # the host of the last shell prompt, until the next or a fence
 
     def line(self, no: int, raw: str) -> list[Line]:
         """The clean line(s) of one raw line: none for fences and elisions, two where a bar hid a message."""
@@ -96,11 +110,21 @@ class Normaliser:
         lead = ""
         if text.startswith("`") and not text.startswith("``"):  # a line quoted as inline code in a chat
             text = text[1:].removesuffix("``").removesuffix("`")
+        prompt = _PROMPT.match(text) if "@" in text[:300] else None
+        if prompt:
+            named = prompt.group(1)
+            remote = prompt.group(2) is not None and _REMOTE_CMD.match(prompt.group(2))
+            ok = not (_NOT_HOST.search(named) or named.isupper() or named.isdigit())
+            self._prompt_host = named if ok and not remote else None
         for _ in range(6):  # prefixes nest (`node3: [rank12]: ...`); each is taken off once
             stripped = text.lstrip(" ") if text.startswith(" ") and text.lstrip(" ")[:1] in "[(" else text
             m = _TORCHRUN.match(stripped)
             if m:
                 rank, text, lead = int(m.group(1)), stripped[m.end() :], m.group(0)
+                continue
+            m = _OMPI_TAG.match(text)
+            if m:
+                rank, text = int(m.group(1)), text[m.end() :]
                 continue
             m = _POD.match(text)
             if m:
@@ -140,7 +164,16 @@ class Normaliser:
             break
         if text.startswith(">") and (len(text) == 1 or text[1] == " "):
             text = text[2:]  # a markdown quote
-        if _FENCE.match(text) or _ELISION.fullmatch(text):
+        if text.startswith("**") and text[2:3].strip():
+            text = text[2:]  # markdown bold around a pasted line: `**RuntimeError: ...**`
+        if text.rstrip().endswith("**") and text.rstrip()[-3:-2].strip():
+            text = text.rstrip()[:-2]
+        if host is None and self._prompt_host:
+            host = self._prompt_host
+        if _FENCE.match(text):
+            self._prompt_host = None  # a fence closes the output the prompt named
+            return []
+        if _ELISION.fullmatch(text):
             return []
         out = []
         m = _BAR_END.search(text) if "/" in text and "[" in text else None
@@ -176,8 +209,23 @@ class Normaliser:
 _WRAPPED_HEADS = ("WorkNCCL(", "CollectiveFingerPrint(", "WorkGloo(")
 
 
+_WATCHDOG = "Watchdog caught collective operation timeout"
+_RAN_FOR = re.compile(r"ran for \d{1,15} milliseconds")
+
+
 def joins_next(text: str) -> bool:
     """True when a line was cut by a wrap and continues on the next one."""
     if len(text) > 4096:
         return False
-    return any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")")
+    if any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")"):
+        return True
+    # The watchdog prints its message on one line, ending `ran for N milliseconds before timing out.`.
+    return _WATCHDOG in text and not _RAN_FOR.search(text)
+
+
+def continues(text: str, nxt: str) -> bool:
+    """Does `nxt` go on with the wrapped `text`? A cut-open parenthesis always does; an unfinished watchdog message
+    only with its own parts (`WorkNCCL(...)`, `ran for ...`) or an indented line."""
+    if any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")"):
+        return True
+    return nxt[:1].isspace() or nxt.startswith(("WorkNCCL(", "ran for "))

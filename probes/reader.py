@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from hangdx.probes import registry
 from hangdx.probes.model import Evidence, Source
-from hangdx.probes.normalise import Line, Normaliser, joins_next
+from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
 
 CHUNK_BYTES = 8 << 20
 HEAD_LINES = 4000  # the start of a log: versions, communicator set-up, the rank map
@@ -339,6 +339,9 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
     pending: Line | None = None
     for no, raw in kept:
         for ln in norm.line(no, raw.decode("utf-8", errors="replace").replace("\x00", "")):
+            if pending is not None and not continues(pending.text, ln.text):
+                out.append(pending)
+                pending = None
             if pending is not None:
                 ln = Line(pending.no, pending.text + " " + ln.text.lstrip(), pending.rank, pending.host,
                           pending.pid, pending.label, pending.torchrun)  # fmt: skip

@@ -26,6 +26,8 @@ _MODULES = [
     "ibstat",
     "perfquery",
     "ip_link",
+    "mpi_log",
+    "app_log",
 ]
 
 HEAD_BYTES = 64 * 1024

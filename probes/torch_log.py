@@ -116,6 +116,10 @@ _TELLTALES = (
     "RendezvousTimeoutError",
     "DistStoreError",
     "client socket has timed out",
+    "DistNetworkError",
+    "client socket has failed to connect",
+    "DataLoader worker (pid",
+    "encountered in worker. This might be caused by insufficient shared memory",
     "Setting OMP_NUM_THREADS environment variable for each process",
 )
 
@@ -372,6 +376,37 @@ def _one(ln: _Line, st: _State) -> None:
         _process_exit(ln, st)
     if "CUDA out of memory" in msg:
         _oom(ln, st)
+    if "DataLoader worker" in msg or "encountered in worker" in msg:
+        _worker_died(ln, st)
+
+
+# torch/utils/data: the main process's `_error_if_any_worker_fails()` and the worker's own signal handler.
+_WORKER_KILLED = re.compile(
+    r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][\w -]{0,40})"
+)
+_WORKER_EXITED = re.compile(
+    r"DataLoader worker \(pid(?:\(s\))? ([\d, ]{1,200})\) exited unexpectedly(?: with exit code (-?\d{1,4}))?"
+)
+_WORKER_FAULT = re.compile(
+    r"Unexpected (bus error|segmentation fault|floating-point exception) encountered in worker"
+)
+
+
+def _worker_died(ln: _Line, st: _State) -> None:
+    """A DataLoader worker died under its rank (SIGKILL from the OOM killer, SIGBUS from a full /dev/shm)."""
+    msg = ln.msg
+    m = _WORKER_KILLED.search(msg)
+    if m:
+        pids, signal, code = [int(m.group(1))], m.group(2).strip(), None
+    elif (m := _WORKER_EXITED.search(msg)) is not None:
+        pids, signal = _ranks(m.group(1)), None
+        code = int(m.group(2)) if m.group(2) else None
+    elif (m := _WORKER_FAULT.search(msg)) is not None:
+        pids, signal, code = [], m.group(1).capitalize(), None
+    else:
+        return
+    if _once(st, "worker_died", _rank_of(ln, st), tuple(pids), signal, code):
+        _add(st, "dataloader_worker_died", ln, worker_pids=pids, signal=signal, exit_code=code)
 
 
 def _watchdog(ln: _Line, st: _State) -> None:
@@ -733,7 +768,10 @@ def _process_exit(ln: _Line, st: _State) -> None:
 _RDZV_WORDS = re.compile(
     r"Rendezvous\w*Error|DistStoreError|client socket has timed out|waiting for (?:clients|workers)"
     r"|Socket Timeout|(?:connect|connection) to \S+ (?:failed|refused)|Connection refused"
+    r"|DistNetworkError|client socket has failed to connect"
 )
+# TCPStore's client: `failed to connect to any network address of (192.168.1.2, 29500)`.
+_STORE_ADDR = re.compile(r"network address of \(\[?([\w.\-:]{1,253}?)\]?, ?(\d{1,5})\)")
 _STORE_TARGET = re.compile(
     r"(?:connect to|connection to) \(?\[?([\w.\-:]{1,253}?)\]?,? ?:?(\d{1,5})?\)?[ .,]"
 )
@@ -750,11 +788,14 @@ def _rendezvous(ln: _Line, st: _State) -> None:
     m = _JOINED.search(msg)
     if m:
         fields.update(joined=int(m.group(1)), expected=int(m.group(2)))
-    t = _STORE_TARGET.search(msg)
-    if t:
+    t = _STORE_ADDR.search(msg) or _STORE_TARGET.search(msg)
+    if t and t.group(1) != "any":
         fields["target"] = t.group(1) + (f":{t.group(2)}" if t.group(2) else "")
     if "refused" in msg:
         fields["refused"] = True
+    unreachable = re.search(r"No route to host|Network is unreachable|Name or service not known", msg)
+    if unreachable:
+        fields["unreachable"] = unreachable.group(0)
     _add(st, kind, ln, **fields)
 
 

@@ -1,0 +1,144 @@
+"""A training program's own log lines that say where the job was: saving a checkpoint, training finished, and
+object-storage transfers that stall (libcurl under tensorstore, gcsfs, the AWS and GCS SDKs).
+
+Formats:
+- checkpoint lines as frameworks print them: `Saving latest checkpoint ...` (a `logging` line with its
+  `2026-02-18 10:28:25,496` time), `Saved checkpoint to gs://bucket/run/step-30000` (levanter),
+  `Saving model checkpoint to out/checkpoint-500` (Hugging Face Trainer);
+- the end of training: Lightning's ``Trainer.fit` stopped: `max_epochs=3` reached.``, Hugging Face's
+  `Training completed. Do not forget to share your model ...`;
+- libcurl's own error texts (`curl_easy_strerror`, CURLE_OPERATION_TIMEDOUT = 28): `Timeout was reached`,
+  `Operation too slow. Less than 1024 bytes/sec transferred the last 60 seconds`, `Operation timed out after
+  30000 milliseconds with 0 bytes received`, often behind an absl/glog header
+  (`W0000 00:00:1715498963.019816  583764 curl_transport.cc:444] Error [28]=Timeout was reached ...`).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.text import lines as text_lines
+from hangdx.probes.text import looks_binary
+
+KIND = "app_log"
+QUIET_WHEN_EMPTY = True
+
+_CHECKPOINT = re.compile(
+    r"\b(Saving|Saved|Writing|Wrote|Loading|Loaded|Restoring|Restored)\b[^\n]{0,60}?\bcheckpoints?\b"
+    r"|\b[Cc]heckpoint (saved|written|loaded)\b"
+)
+_TARGET = re.compile(r"\b(?:to|at|from|in) ((?:[a-z][a-z0-9+]{1,10}://|/|\./)\S{1,400})")
+_FINISHED = re.compile(
+    r"Trainer\.fit`? stopped|`?max_(?:epochs|steps)=\S{1,20}`? reached|Training completed\. Do not forget"
+)
+_CURL = re.compile(
+    r"Operation too slow\. Less than \d{1,12} bytes/sec transferred the last \d{1,9} seconds"
+    r"|Operation timed out after \d{1,12} milliseconds with \d{1,15}(?: out of -?\d{1,15})? bytes received"
+    r"|Timeout was reached"
+)
+# absl / glog: `W0000 00:00:1715498963.019816  583764 curl_transport.cc:444] ` (absl before its clock is set
+# prints `0000 00:00:<epoch seconds>`).
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d{2,12}\.\d{1,9}\s{1,4}(\d{1,10}) ([^\s\]]{1,200}):\d{1,7}\] ")
+_PY_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
+
+
+def line_time(text: str) -> datetime | None:
+    """The wall-clock time a log line starts with or carries (`2026-02-18 10:28:25,496`), when it has one."""
+    m = _PY_TIME.search(text[:120])
+    if not m:
+        return None
+    frac = (m.group(7) or "0")[:6].ljust(6, "0")
+    try:
+        return datetime(*(int(m.group(i)) for i in range(1, 7)), int(frac))
+    except ValueError:
+        return None
+
+
+def claims(line: str) -> int:
+    """How surely one line is one of these (see probes/reader.py); bars are torch_log's."""
+    if _CURL.search(line):
+        return 8
+    if "it/s" in line or "s/it" in line:
+        return 0
+    if _FINISHED.search(line):
+        return 6
+    if _CHECKPOINT.search(line):
+        return 5
+    return 0
+
+
+def sniff(head: bytes) -> int:
+    if not head or looks_binary(head):
+        return 0
+    text = head.decode("utf-8", errors="replace")
+    return 15 if _CURL.search(text) else 0
+
+
+def parse(data: bytes, src: Source, ev: Evidence) -> None:
+    if not data or looks_binary(data[:8192]):
+        return
+    parse_lines(list(enumerate(text_lines(data), 1)), src, ev)
+
+
+def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    for item in lines:
+        no, text = item[0], item[1]
+        if len(text) > 8192:
+            text = text[:8192]
+        quote = Quote(src.name, no, item[1])
+        when = line_time(text)
+        m = _CURL.search(text)
+        if m:
+            g = _GLOG.match(text)
+            ev.events.append(
+                LogEvent(
+                    "storage_stall",
+                    quote,
+                    host=src.host,
+                    rank=src.rank,
+                    pid=src.pid,
+                    fields={
+                        "error": m.group(0),
+                        "thread": int(g.group(1)) if g else None,
+                        "where": g.group(2) if g else None,
+                        "curl": True,
+                    },
+                )  # fmt: skip
+            )
+            continue
+        if "it/s" in text or "s/it" in text:
+            continue
+        if _FINISHED.search(text):
+            ev.events.append(
+                LogEvent(
+                    "training_finished",
+                    quote,
+                    host=src.host,
+                    rank=src.rank,
+                    pid=src.pid,
+                    fields={"time": when.isoformat() if when else None},
+                )  # fmt: skip
+            )
+            continue
+        m = _CHECKPOINT.search(text)
+        if m:
+            verb = (m.group(1) or m.group(2) or "").lower()
+            t = _TARGET.search(text, m.start())
+            ev.events.append(
+                LogEvent(
+                    "checkpoint_io",
+                    quote,
+                    host=src.host,
+                    rank=src.rank,
+                    pid=src.pid,
+                    fields={
+                        "verb": verb,
+                        "saving": verb.startswith(("sav", "writ", "wrote")),
+                        "done": verb in ("saved", "wrote", "written", "loaded", "restored"),
+                        "target": t.group(1).rstrip(".,;") if t else None,
+                        "time": when.isoformat() if when else None,
+                    },
+                )  # fmt: skip
+            )

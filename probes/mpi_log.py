@@ -1,0 +1,154 @@
+"""Open MPI's own messages about the job's processes: which rank died, on which node, of what.
+
+Formats from Open MPI's help texts (orte/ompi `help-errmgr-base.txt`, `help-orterun.txt`), as mpirun prints
+them when a process of the job fails:
+
+    mpirun noticed that process rank 7 with PID 31337 on node gpu-node-03 exited on signal 9 (Killed).
+    Primary job  terminated normally, but 1 process returned
+    a non-zero exit code. Per user-direction, the job has been aborted.
+    mpirun detected that one or more processes exited with non-zero status, ...
+      Process name: [[35531,1],3]
+      Exit code:    1
+
+The rank is Open MPI's rank in MPI_COMM_WORLD (Horovod's rank). A node named by a placeholder (`HOSTNAME`,
+`<host>`: a poster's redaction) names no host.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.text import lines as text_lines
+from hangdx.probes.text import looks_binary
+
+KIND = "mpi_log"
+QUIET_WHEN_EMPTY = True
+
+_NOTICED = re.compile(
+    r"mpirun noticed that process rank (\d{1,9}) with PID (\d{1,10}) on node (\S{1,253}?) "
+    r"exited on signal (\d{1,3})(?: \(([^)]{1,40})\))?"
+)
+_IMPROPER = re.compile(r"process rank (\d{1,9}) with PID (\d{1,10}) on node (\S{1,253}?) exiting improperly")
+_PRIMARY = re.compile(r"Primary job\s+terminated normally, but (\d{1,9}) process(?:es)? returned")
+_DETECTED = "mpirun detected that one or more processes exited with non-zero status"
+_PROC_NAME = re.compile(r"^\s*Process name:\s*\[\[\d{1,9},\d{1,9}\],(\d{1,9})\]")
+_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d{1,4})\s*$")
+_PLACEHOLDERS = {"hostname", "host", "node", "nodename", "localhost.localdomain", "xxx", "redacted"}
+SIGNALS = {
+    1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+    11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM",
+}  # fmt: skip
+
+
+def real_host(name: str | None) -> str | None:
+    """A node name as printed, or None for a redaction (`HOSTNAME`, `<node>`, `xxx`)."""
+    if not name:
+        return None
+    name = name.rstrip(".,;:")
+    if name.isupper() or name.lower() in _PLACEHOLDERS or any(c in name for c in "<>*{}$") or "xxx" in name:
+        return None
+    return name
+
+
+def claims(line: str) -> int:
+    """How surely one line is Open MPI's (see probes/reader.py)."""
+    if "mpirun noticed that process rank" in line or _DETECTED in line:
+        return 9
+    if _PRIMARY.search(line) or _IMPROPER.search(line):
+        return 8
+    if _PROC_NAME.match(line):
+        return 6
+    return 0
+
+
+def sniff(head: bytes) -> int:
+    if not head or looks_binary(head):
+        return 0
+    text = head.decode("utf-8", errors="replace")
+    if "mpirun noticed that process rank" in text or _DETECTED in text or _PRIMARY.search(text):
+        return 60
+    return 0
+
+
+def parse(data: bytes, src: Source, ev: Evidence) -> None:
+    if not data or looks_binary(data[:8192]):
+        return
+    parse_lines(list(enumerate(text_lines(data), 1)), src, ev)
+
+
+def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """mpirun's reports of failed processes, as events: `mpi_rank_exit` per rank, `mpi_job_aborted` per banner."""
+    pending_rank: tuple[int, int, str] | None = None  # `Process name: [[j,1],R]` waiting for its exit code
+    for item in lines:
+        no, text = item[0], item[1]
+        quote = Quote(src.name, no, text)
+        m = _NOTICED.search(text)
+        if m:
+            sig = int(m.group(4))
+            host = real_host(m.group(3)) or src.host
+            ev.events.append(
+                LogEvent(
+                    "mpi_rank_exit",
+                    quote,
+                    host=host,
+                    rank=int(m.group(1)),
+                    pid=int(m.group(2)) or None,
+                    fields={
+                        "signal": SIGNALS.get(sig, f"signal {sig}"),
+                        "signal_number": sig,
+                        "signal_name": m.group(5),
+                        "exit_code": None,
+                    },
+                )  # fmt: skip
+            )
+            ev.note_host(host)
+            continue
+        m = _IMPROPER.search(text)
+        if m:
+            host = real_host(m.group(3)) or src.host
+            ev.events.append(
+                LogEvent(
+                    "mpi_rank_exit",
+                    quote,
+                    host=host,
+                    rank=int(m.group(1)),
+                    pid=int(m.group(2)) or None,
+                    fields={
+                        "signal": None,
+                        "signal_number": None,
+                        "signal_name": None,
+                        "exit_code": None,
+                        "improper": True,
+                    },
+                )  # fmt: skip
+            )
+            continue
+        m = _PRIMARY.search(text)
+        if m:
+            ev.events.append(
+                LogEvent("mpi_job_aborted", quote, host=src.host, fields={"failed": int(m.group(1))})
+            )
+            continue
+        m = _PROC_NAME.match(text)
+        if m:
+            pending_rank = (int(m.group(1)), no, text)
+            continue
+        m = _EXIT_CODE.match(text)
+        if m and pending_rank is not None:
+            rank, pno, ptext = pending_rank
+            pending_rank = None
+            ev.events.append(
+                LogEvent(
+                    "mpi_rank_exit",
+                    Quote(src.name, pno, ptext),
+                    host=src.host,
+                    rank=rank,
+                    fields={
+                        "signal": None,
+                        "signal_number": None,
+                        "signal_name": None,
+                        "exit_code": int(m.group(1)),
+                    },
+                )  # fmt: skip
+            )

@@ -1,0 +1,298 @@
+"""How processes end in their launcher's words, and what a log's order and times say (playbooks/exits.py,
+playbooks/timeline.py, probes/mpi_log.py, probes/app_log.py, and the normaliser's prefixes behind them).
+
+The texts are real formats; most lines come from the real corpus (tests/fixtures/real/, named per test), with
+hosts, pids and paths changed.
+"""
+
+from __future__ import annotations
+
+from hangdx.playbooks import engine
+from hangdx.probes.bundle import evidence_from_paths
+from hangdx.probes.normalise import Normaliser
+from hangdx.probes.reader import clean
+
+
+def _verdict(tmp_path, text: str, name: str = "paste.txt"):
+    p = tmp_path / name
+    p.write_text(text)
+    ev = evidence_from_paths([str(p)])
+    return ev, engine.run(ev)
+
+
+# -- the normaliser ----------------------------------------------------------------------------------------
+
+
+def test_open_mpi_tag_output_prefixes_name_the_rank_even_repeated():
+    # mpirun --tag-output, as in dataloader_stall__horovod-horovod-2255
+    n = Normaliser()
+    (ln,) = n.line(1, "[1,3]<stderr>:[1,3]<stderr>:Traceback (most recent call last):")
+    assert (ln.rank, ln.text) == (3, "Traceback (most recent call last):")
+    (ln,) = n.line(2, '[1,3]<stderr>:  File "/x/dataloader.py", line 779, in _try_get_data')
+    assert ln.rank == 3 and ln.text.startswith('  File "')
+
+
+def test_markdown_bold_around_a_pasted_line_goes():
+    # dataloader_stall__open-mmlab-mmsegmentation-1356
+    n = Normaliser()
+    assert n.line(1, "**ERROR: Unexpected bus error encountered in worker.**")[0].text == (
+        "ERROR: Unexpected bus error encountered in worker."
+    )
+    assert n.line(2, "**RuntimeError: x")[0].text == "RuntimeError: x"
+    assert n.line(3, "2 ** 3")[0].text == "2 ** 3"
+
+
+def test_a_shell_prompt_names_the_host_of_the_output_under_it_until_the_fence_closes():
+    # gpu_fault__rwth-i6-returnn-1486
+    lines = clean(
+        (i, s.encode())
+        for i, s in enumerate(
+            [
+                "```",
+                "zeyer@cn-234 ~ % nvidia-smi",
+                "Unable to determine the device handle for GPU0000:03:00.0: Unknown Error",
+                "```",
+                "after the fence",
+                "[root@gpu-node-07 ~]# dmesg -T",
+                "a kernel line",
+                "me@login-01:~$ srun -N2 python train.py",
+                "output of ranks on other nodes",
+            ],
+            1,
+        )
+    )
+    hosts = {ln.text: ln.host for ln in lines}
+    assert hosts["Unable to determine the device handle for GPU0000:03:00.0: Unknown Error"] == "cn-234"
+    assert hosts["after the fence"] is None
+    assert hosts["a kernel line"] == "gpu-node-07"
+    assert hosts["output of ranks on other nodes"] is None  # a launcher's output comes from other hosts
+
+
+def test_a_watchdog_message_wrapped_by_its_poster_is_joined_again():
+    # conditional_collective__alan-turing-institute-autocast-381
+    lines = clean(
+        (i, s.encode())
+        for i, s in enumerate(
+            [
+                "[Rank 0] Watchdog caught collective operation timeout:",
+                "  WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000)",
+                "  ran for 1800090 milliseconds before timing out.",
+                "next line",
+            ],
+            1,
+        )
+    )
+    assert [ln.text for ln in lines] == [
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=1800000) ran for 1800090 milliseconds before timing out.",
+        "next line",
+    ]
+
+
+def test_an_unfinished_watchdog_line_does_not_swallow_unrelated_lines():
+    lines = clean((i, s.encode()) for i, s in enumerate(["[Rank 0] Watchdog caught collective operation timeout:",
+                                                          "Epoch 3 done"], 1))  # fmt: skip
+    assert len(lines) == 2
+
+
+# -- DataLoader workers ------------------------------------------------------------------------------------
+
+_WORKER_KILLED = """\
+[rank7]:   File "/opt/conda/lib/python3.10/site-packages/torch/utils/data/dataloader.py", line 1133, in _try_get_data
+[rank7]:     data = self._data_queue.get(timeout=timeout)
+[rank7]:   File "/opt/conda/lib/python3.10/site-packages/torch/utils/data/_utils/signal_handling.py", line 66, in handler
+[rank7]:     _error_if_any_worker_fails()
+[rank7]: RuntimeError: DataLoader worker (pid 742) is killed by signal: Killed.
+"""
+
+
+def test_a_dataloader_worker_killed_under_a_rank_is_that_rank_s_data_loading(tmp_path):
+    # dataloader_stall__hpcaitech-Open-Sora-431
+    _, v = _verdict(tmp_path, _WORKER_KILLED)
+    rc = v.root_cause
+    assert rc.category == "dataloader_stall" and rc.culprit.ranks == [7]
+    assert "OOM killer" in rc.fix
+    assert any("is killed by signal: Killed" in q.text for q in rc.evidence)
+
+
+def test_a_worker_bus_error_points_at_shared_memory(tmp_path):
+    # dataloader_stall__horovod-horovod-2255, Open MPI tags
+    text = (
+        "[1,2]<stderr>:ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient "
+        "shared memory (shm).\n"
+        "[1,2]<stderr>:RuntimeError: DataLoader worker (pid(s) 372) exited unexpectedly\n"
+    )
+    _, v = _verdict(tmp_path, text)
+    rc = v.root_cause
+    assert rc.category == "dataloader_stall" and rc.culprit.ranks == [2]
+    assert "/dev/shm" in rc.fix
+
+
+# -- Open MPI ----------------------------------------------------------------------------------------------
+
+
+def test_mpirun_names_the_rank_and_node_that_died(tmp_path):
+    # rank_crashed__horovod-horovod-2053
+    _, v = _verdict(
+        tmp_path,
+        "mpirun noticed that process rank 2 with PID 0 on node b44a5a6092b3 exited on signal 7 (Bus error).\n",
+    )
+    rc = v.root_cause
+    assert rc.category == "rank_crashed"
+    assert rc.culprit.ranks == [2] and rc.culprit.hosts == ["b44a5a6092b3"]
+
+
+def test_a_redacted_node_name_is_no_host(tmp_path):
+    # rank_crashed__horovod-horovod-469
+    text = """\
+-------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+-------------------------------------------------------
+mpirun noticed that process rank 7 with PID 0 on node HOSTNAME exited on signal 9 (Killed).
+"""
+    _, v = _verdict(tmp_path, text)
+    rc = v.root_cause
+    assert rc.category == "rank_crashed" and rc.culprit.ranks == [7] and rc.culprit.hosts == []
+    assert "OOM killer" in rc.fix
+
+
+def test_mpirun_s_process_name_and_exit_code(tmp_path):
+    text = """\
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[35531,1],3]
+  Exit code:    1
+"""
+    ev, v = _verdict(tmp_path, text)
+    assert [(e.rank, e.fields["exit_code"]) for e in ev.events_of("mpi_rank_exit")] == [(3, 1)]
+    assert v.root_cause.category == "rank_crashed" and v.root_cause.culprit.ranks == [3]
+
+
+# -- torch elastic -----------------------------------------------------------------------------------------
+
+_ELASTIC = """\
+WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 2410413 closing signal SIGTERM
+ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 0 (pid: 2410412) of binary: /usr/bin/python
+"""
+
+
+def test_an_elastic_worker_killed_by_a_signal_is_a_crash_named_by_local_rank(tmp_path):
+    # rank_crashed__hpcaitech-ColossalAI-3172
+    _, v = _verdict(tmp_path, _ELASTIC)
+    rc = v.root_cause
+    assert rc.category == "rank_crashed" and rc.culprit.ranks == []
+    assert "local rank 0 (pid 2410412)" in rc.summary and "SIGKILL" in rc.summary
+
+
+def test_a_worker_the_watchdog_aborted_is_not_called_a_crash(tmp_path):
+    text = (
+        "[rank0]:[E1122 01:48:50.682679688 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
+        "milliseconds before timing out.\n"
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 0 (pid: 11) of "
+        "binary: /usr/bin/python\n"
+    )
+    _, v = _verdict(tmp_path, text)
+    assert all(f.playbook != "local_rank_killed" for f in v.findings)
+
+
+# -- rendezvous, GPU ---------------------------------------------------------------------------------------
+
+
+def test_a_store_address_no_node_can_route_to_is_a_comm_init_failure_naming_it(tmp_path):
+    # comm_init_failure__huggingface-accelerate-2468
+    text = (
+        'trainer-2:   File "/usr/lib/python3/dist-packages/torch/distributed/rendezvous.py", line 174, in '
+        "_create_c10d_store\n"
+        "trainer-2:     return TCPStore(\n"
+        "trainer-2: torch.distributed.DistNetworkError: The client socket has failed to connect to any network "
+        "address of (10.1.2.3, 29500). The client socket has failed to connect to 10.1.2.3:29500 (errno: 113 - "
+        "No route to host).\n"
+    )
+    _, v = _verdict(tmp_path, text)
+    rc = v.root_cause
+    assert rc.category == "comm_init_failure" and rc.culprit.hosts == ["trainer-2"]
+    assert "10.1.2.3:29500" in rc.fix and "No route to host" in rc.summary
+
+
+def test_an_uncorrectable_ecc_error_is_a_gpu_fault_with_no_rank_named(tmp_path):
+    # gpu_fault__jade-hpc-gpu-jade-hpc-gpu.github.io-194
+    text = (
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+        "might be incorrect.\n"
+    )
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "gpu_fault"
+
+
+def test_an_uncorrectable_nvlink_error_is_a_gpu_fault(tmp_path):
+    text = "[rank3]: RuntimeError: CUDA error: uncorrectable NVLink error was detected during the execution\n"
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "gpu_fault" and v.root_cause.culprit.ranks == [3]
+
+
+# -- checkpoints and timing --------------------------------------------------------------------------------
+
+
+def test_an_object_storage_transfer_stall_at_a_checkpoint_is_io_stall(tmp_path):
+    # io_stall__marin-community-levanter-578
+    text = """\
+W0000 00:00:1715498963.019816  583764 curl_transport.cc:444] Error [28]=Timeout was reached in curl operation
+Operation too slow. Less than 1024 bytes/sec transferred the last 60 seconds
+2024-05-12T07:29:27 - 0 - levanter.checkpoint - checkpoint.py:293 - INFO :: Saved checkpoint to gs://bucket/run/step-300
+"""
+    _, v = _verdict(tmp_path, text)
+    rc = v.root_cause
+    assert rc.category == "io_stall" and rc.confidence >= 0.75
+    assert "gs://bucket/run/step-300" in rc.summary and "TENSORSTORE_CURL_LOW_SPEED" in rc.fix
+
+
+_SAVE = "2026-02-18 10:28:25,496 - root - INFO - Saving latest checkpoint model trained for 3 epochs\n"
+_TIMEOUT = (
+    "[rank7]:[E218 {t} ProcessGroupNCCL.cpp:632] [Rank 7] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=1512677, OpType=ALLREDUCE, NumelIn=306176, NumelOut=306176, Timeout(ms)=1200000) ran for "
+    "1200027 milliseconds before timing out.\n"
+)
+
+
+def test_a_collective_that_started_at_the_last_save_line_says_the_job_stopped_at_the_save(tmp_path):
+    # io_stall__ai2cm-ace-851
+    _, v = _verdict(tmp_path, _SAVE + _TIMEOUT.format(t="10:48:25.033625188"))
+    assert v.root_cause.category == "io_stall" and v.root_cause.confidence <= 0.6
+
+
+def test_a_save_long_before_the_collective_started_says_nothing(tmp_path):
+    _, v = _verdict(tmp_path, _SAVE + _TIMEOUT.format(t="11:30:00.000000000"))
+    assert all(f.playbook != "stopped_at_save" for f in v.findings)
+
+
+def test_a_save_followed_by_more_progress_says_nothing(tmp_path):
+    more = "2026-02-18 10:28:26,000 - root - INFO - Saved checkpoint to /ckpt/latest.pt\n"
+    _, v = _verdict(tmp_path, _SAVE + more + _TIMEOUT.format(t="10:48:25.033625188"))
+    assert all(f.playbook != "stopped_at_save" for f in v.findings)
+
+
+def test_one_rank_timing_out_after_training_finished_issued_an_extra_collective(tmp_path):
+    # conditional_collective__alan-turing-institute-autocast-381
+    text = """\
+`Trainer.fit` stopped: `max_epochs=20` reached.
+[Rank 0] Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=88, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000)
+  ran for 1800090 milliseconds before timing out.
+"""
+    _, v = _verdict(tmp_path, text)
+    rc = v.root_cause
+    assert rc.category == "conditional_collective" and rc.culprit.ranks == [0]
+
+
+def test_a_timeout_before_training_finished_is_not_read_as_after_it(tmp_path):
+    text = (
+        _TIMEOUT.format(t="10:48:25.033625188")
+        + "`Trainer.fit` stopped: `max_epochs=20` reached.\n"
+        + _TIMEOUT.format(t="10:49:25.033625188").replace("SeqNum=1512677", "SeqNum=1512678")
+    )
+    _, v = _verdict(tmp_path, text)
+    assert all(f.playbook != "after_finish" for f in v.findings)
