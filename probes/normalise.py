@@ -19,6 +19,9 @@ from hangdx.probes.naming import host_from_path, rank_from_name
 # CSI (colours, cursor moves), OSC (titles, links) and two-character escapes; bounded, so linear.
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _TORCHRUN = re.compile(r"\[(?:default)?rank(\d{1,9})\]:\s?")
+_OMPI_TAG = re.compile(
+    r"\[\d{1,9},(\d{1,9})\]<std(?:out|err)>:"
+)  # Open MPI's --tag-output: [jobid,rank]<stdout>:
 _SRUN = re.compile(r"\s{0,6}(\d{1,6}): ")
 _RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
 _POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
@@ -101,6 +104,10 @@ class Normaliser:
             m = _TORCHRUN.match(stripped)
             if m:
                 rank, text, lead = int(m.group(1)), stripped[m.end() :], m.group(0)
+                continue
+            m = _OMPI_TAG.match(text)
+            if m:
+                rank, text = int(m.group(1)), text[m.end() :]
                 continue
             m = _POD.match(text)
             if m:

@@ -25,6 +25,9 @@ _MODULES = [
     "ibstat",
     "perfquery",
     "ip_link",
+    "nccl_tests",
+    "rank_timing",
+    "pp_schedule",
 ]
 
 HEAD_BYTES = 64 * 1024
