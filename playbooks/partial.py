@@ -236,6 +236,7 @@ def busy_elsewhere(facts: Facts) -> Iterator[Match]:
         if e.rank is not None
         and e.rank not in waiting
         and any(w in str(e.fields.get("what", "")).lower() for w in _OTHER_WORK)
+        and not (e.fields.get("total") and e.fields.get("n") == e.fields.get("total"))  # that work was done
     ]
     if not busy:
         return

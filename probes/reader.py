@@ -302,6 +302,9 @@ _SHOWN = {
     "torch_log": "Python/torch log or traceback",
     "flight_recorder": "Flight Recorder dump",
     "procstate": "ps table or /proc state",
+    "nccl_tests": "nccl-tests output or results per node set",
+    "rank_timing": "per-rank timings",
+    "pp_schedule": "pipeline schedule action lists",
 }
 
 

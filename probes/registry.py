@@ -28,6 +28,9 @@ _MODULES = [
     "ip_link",
     "mpi_log",
     "app_log",
+    "nccl_tests",
+    "rank_timing",
+    "pp_schedule",
 ]
 
 HEAD_BYTES = 64 * 1024

@@ -184,7 +184,7 @@ def claims(line: str) -> int:
         return 8
     if _C10_HEADER.match(line):
         return 6
-    if ("it/s" in line or "s/it" in line) and "%|" in line:
+    if ("it/s" in line or "s/it" in line or _BAR_RATE.search(line)) and "%|" in line:
         return 5
     if _EXC_LINE.match(line) and _EXC_HINT.search(line.split(":", 1)[0]):
         return 5
@@ -264,8 +264,11 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
 # A tqdm / Lightning bar: `Evaluating:  45%|████▌     | 45/100 [00:10<00:12,  4.50it/s]`.
 _BAR = re.compile(
     r"(?:^|\s|\r)(?P<desc>[^|\r]{0,80}?)[: ]*(?P<pct>\d{1,3})%\|[^|]{0,200}\| ?(?P<n>\d{1,12})/(?P<total>\d{1,12}|\?) "
-    r"\[(?P<elapsed>[\d:]{1,12})(?:<(?P<left>[\d:?]{1,12}))?, {0,3}(?P<rate>[\d.]{1,12}|\?) ?(?P<unit>it/s|s/it)"
+    r"\[(?P<elapsed>[\d:]{1,12})(?:<(?P<left>[\d:?]{1,12}))?, {0,3}(?P<rate>[\d.]{1,12}|\?) ?(?P<unit>it/s|s/it"
+    r"|[A-Za-z]{1,16}/s|s/[A-Za-z]{1,16})"
 )
+# tqdm's rate in any unit it was given: `2.51 examples/s` (datasets.map), `5.23ba/s`, `1.2s/it`.
+_BAR_RATE = re.compile(r"[\d?] ?(?:[A-Za-z]{1,16}/s|s/[A-Za-z]{1,16})[\],]")
 
 
 def _progress(ln: _Line, st: _State) -> None:
@@ -278,7 +281,7 @@ def _progress(ln: _Line, st: _State) -> None:
     if m["rate"] != "?":
         try:
             rate = float(m["rate"])
-            rate = 1 / rate if m["unit"] == "s/it" and rate else rate
+            rate = 1 / rate if m["unit"].startswith("s/") and rate else rate
         except ValueError:
             rate = None
     what = " ".join(m["desc"].split()).rstrip(":")[-60:]
@@ -339,7 +342,9 @@ def _once(st: _State, *key: Any) -> bool:
 
 
 def _one(ln: _Line, st: _State) -> None:
-    if ("it/s" in ln.msg or "s/it" in ln.msg) and "/" in ln.msg:
+    if (
+        "it/s" in ln.msg or "s/it" in ln.msg or "%|" in ln.msg and _BAR_RATE.search(ln.msg)
+    ) and "/" in ln.msg:
         _progress(ln, st)
         return
     _traceback(ln, st)

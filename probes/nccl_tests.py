@@ -1,0 +1,218 @@
+"""nccl-tests output (all_reduce_perf, all_gather_perf, sendrecv_perf, ...) and results listed per node set.
+
+What a run of a perf binary prints (nccl-tests 2.x):
+
+    # nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 ...
+    #
+    # Using devices
+    #  Rank  0 Group  0 Pid  58680 on       sw53 device  0 [0xb1] Tesla V100-PCIE-32GB
+    #  Rank  1 Group  0 Pid 928295 on       sw54 device  0 [0xb1] Tesla V100-PCIE-32GB
+    #
+    #                                                              out-of-place                       in-place
+    #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+    #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+               8             2     float     sum      -1    17.39    0.00    0.00      0    16.26    0.00    0.00      0
+    # Out of bounds values : 0 OK
+    # Avg bus bandwidth    : 1.15327
+
+One `nccl_tests_run` event per run (quoting its `# Avg bus bandwidth` line, else its last row): the hosts and
+devices of its ranks, its average and peak bus bandwidth, and how many values it found wrong (`#wrong`, summed
+over sizes and in- and out-of-place). Older versions print an `error` column (a maximum error, not a count): it
+is not counted.
+
+People who test a cluster node by node run the binary on many node sets and list the result per set:
+
+    se02gn644,se02gn699     49.36
+    se02gn632,se02gn641     88.36   # crossing TOR
+
+One `node_set_result` event per such line: the hosts of the set and the figure (a bus bandwidth unless a header
+says it is a time).
+"""
+
+from __future__ import annotations
+
+import re
+
+from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.text import lines, looks_binary
+
+KIND = "nccl_tests"
+QUIET_WHEN_EMPTY = True
+
+_NTHREAD = re.compile(r"^#\s*nThread\s+\d{1,6}\s+nGpus\s+\d{1,6}")
+# `#  Rank  0 Group  0 Pid  58680 on  sw53 device  0 [0xb1] Tesla V100-PCIE-32GB` (older: no `Group`)
+_RANK = re.compile(
+    r"^#\s*Rank\s+(\d{1,7})(?:\s+Group\s+\d{1,7})?\s+Pid\s+(\d{1,10})\s+on\s+(\S{1,253})\s+device\s+(\d{1,4})"
+    r"(?:\s+\[(0x[0-9a-fA-F]{1,8}|[0-9a-fA-F:.]{1,20})\])?\s*(.*)$"
+)
+_COLUMNS = re.compile(r"^#\s+size\s+count\s+type\b")
+_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]{1,20})")
+_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d{1,12})\s+(\w+)")
+_NUM = r"(?:\d{1,15}(?:\.\d{1,12})?|N/A|[\d.]{1,12}e[+-]\d{1,3})"
+# A result row: size, count, type, [redop], [root], then out-of-place and in-place (time algbw busbw #wrong).
+_ROW = re.compile(
+    rf"^\s*\d{{1,15}}\s+\d{{1,15}}\s+[a-z][a-z0-9_]{{0,15}}(?:\s+[a-z][a-z_]{{0,15}})?(?:\s+-?\d{{1,6}})?(?:\s+{_NUM}){{8}}\s*$"
+)
+# A node set and its figure: `node1,node2   49.36`, `node1, node2: 49.36 GB/s  # comment`.
+_HOSTNAME = r"[A-Za-z][\w.\-]{0,62}\d[\w.\-]{0,62}"
+_NODE_SET = re.compile(
+    rf"^\s*({_HOSTNAME}(?:\s{{0,2}},\s{{0,2}}{_HOSTNAME}){{1,63}})\s*[:|=]?\s+(\d{{1,9}}(?:\.\d{{1,9}})?)"
+    r"\s*(GB/s|Gb/s|GB/S|Gbps|us|ms|s)?\s*(?:#.*|\(.*\))?$"
+)
+_TIME_HEADER = re.compile(r"\b(?:time|latency|us|ms|seconds?)\b", re.I)
+
+
+def sniff(head: bytes) -> int:
+    if not head or looks_binary(head):
+        return 0
+    text = head[:32768].decode("utf-8", errors="replace")
+    rows = [ln for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("```")]
+    if any(_NTHREAD.match(ln.strip()) or _AVG.match(ln.strip()) for ln in rows):
+        return 90
+    if any(_COLUMNS.match(ln.strip()) for ln in rows):
+        return 85
+    sets = sum(1 for ln in rows if _NODE_SET.match(ln))
+    if sets >= 2 and sets * 10 >= len(rows) * 6:
+        return 60
+    return 0
+
+
+def claims(line: str) -> int:
+    """How surely one line is nccl-tests output or a result per node set (see probes/reader.py)."""
+    s = line.strip()
+    if s.startswith("#"):
+        if _NTHREAD.match(s) or _AVG.match(s) or _RANK.match(s) or _COLUMNS.match(s) or _OOB.match(s):
+            return 9
+        return 0
+    if _ROW.match(line):
+        return 6
+    if _NODE_SET.match(line):
+        return 5
+    return 0
+
+
+def parse(data: bytes, src: Source, ev: Evidence) -> None:
+    if looks_binary(data[:8192]):
+        return
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.ranks: dict[int, dict] = {}
+        self.rows = 0
+        self.busbw: list[float] = []
+        self.wrong = 0
+        self.wrong_quotes: list[Quote] = []
+        self.avg: float | None = None
+        self.oob: int | None = None
+        self.quote: Quote | None = None
+        self.first: Quote | None = None
+
+    @property
+    def started(self) -> bool:
+        return bool(self.rows or self.avg is not None)
+
+
+def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py)."""
+    run = _Run()
+    time_figures = False  # a header over the node sets said its figures are times
+    for item in numbered:
+        no, raw = item[0], item[1]
+        s = raw.strip()
+        if not s:
+            continue
+        q = Quote(src.name, no, raw)
+        if s.startswith("#"):
+            if _NTHREAD.match(s) or ((m := _RANK.match(s)) and run.started):
+                _flush(run, src, ev)
+                run = _Run()
+            if (m := _RANK.match(s)) is not None:
+                run.ranks[int(m.group(1))] = {
+                    "host": m.group(3),
+                    "pid": int(m.group(2)),
+                    "device": int(m.group(4)),
+                    "bus_id": m.group(5),
+                    "gpu": m.group(6).strip() or None,
+                }
+                run.first = run.first or q
+            elif (m := _AVG.match(s)) is not None:
+                try:
+                    run.avg = float(m.group(1))
+                except ValueError:
+                    continue
+                run.quote = q
+                _flush(run, src, ev)
+                run = _Run()
+            elif (m := _OOB.match(s)) is not None:
+                run.oob = int(m.group(1))
+                if run.oob:
+                    run.wrong_quotes.append(q)
+            continue
+        if (m := _ROW.match(raw)) is not None:
+            vals = raw.split()[-8:]
+            run.rows += 1
+            run.quote = run.quote if run.avg is not None else q
+            # out-of-place then in-place: time, algbw, busbw, #wrong (4 columns each)
+            for part in (vals[0:4], vals[4:8]):
+                if len(part) < 4:
+                    continue
+                try:
+                    run.busbw.append(float(part[2]))
+                except ValueError:
+                    pass
+                if part[3].isdigit() and int(part[3]) > 0:
+                    run.wrong += int(part[3])
+                    if q not in run.wrong_quotes:
+                        run.wrong_quotes.append(q)
+            continue
+        if (m := _NODE_SET.match(raw)) is not None:
+            hosts = [h.strip() for h in m.group(1).split(",")]
+            unit = m.group(3) or ""
+            is_time = time_figures or unit in ("us", "ms", "s")
+            ev.events.append(
+                LogEvent(
+                    "node_set_result",
+                    q,
+                    host=src.host,
+                    fields={
+                        "hosts": hosts,
+                        "value": float(m.group(2)),
+                        "higher_is_better": not is_time,
+                        "note": (raw.split("#", 1)[1].strip() if "#" in raw else ""),
+                    },
+                )
+            )
+            continue
+        if _TIME_HEADER.search(s) and len(s.split()) <= 6 and not any(c.isdigit() for c in s):
+            time_figures = True  # `nodes  time(us)` over the sets
+    _flush(run, src, ev)
+
+
+def _flush(run: _Run, src: Source, ev: Evidence) -> None:
+    if not run.started:
+        return
+    hosts = sorted({r["host"] for r in run.ranks.values()})
+    quote = run.quote or run.first
+    if quote is None:
+        return
+    ev.events.append(
+        LogEvent(
+            "nccl_tests_run",
+            quote,
+            host=hosts[0] if len(hosts) == 1 else src.host,
+            fields={
+                "hosts": hosts,
+                "ranks": run.ranks,
+                "avg_busbw": run.avg,
+                "peak_busbw": max(run.busbw) if run.busbw else None,
+                "rows": run.rows,
+                "wrong": run.wrong + (run.oob or 0),
+                "wrong_quotes": run.wrong_quotes[:6],
+                "rank_quote": run.first,
+            },
+        )
+    )
+    for h in hosts:
+        ev.note_host(h)
