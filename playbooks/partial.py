@@ -233,14 +233,18 @@ def busy_elsewhere(facts: Facts) -> Iterator[Match]:
     busy = [
         e
         for e in facts.ev.events_of("progress")
-        if e.rank is not None
-        and e.rank not in waiting
-        and any(w in str(e.fields.get("what", "")).lower() for w in _OTHER_WORK)
-        and not (e.fields.get("total") and e.fields.get("n") == e.fields.get("total"))  # that work was done
+        if e.rank is not None and e.rank not in waiting and _other_work_going_on(e)
     ]
-    if not busy:
-        return
     ranks = sorted({e.rank for e in busy if e.rank is not None})
+    if not busy:
+        # A bar that names no rank, with one rank silent among the ones that time out (ranks count from 0, so
+        # rank 0 exists even when only 1-3 report): that silent rank is the one still at that work.
+        world = facts.world_size or max(waiting) + 1
+        silent = [r for r in range(world) if r not in waiting]
+        busy = [e for e in facts.ev.events_of("progress") if e.rank is None and _other_work_going_on(e)]
+        if len(silent) != 1 or not busy:
+            return
+        ranks = silent
     writing = any(any(w in str(e.fields.get("what", "")).lower() for w in _WRITING) for e in busy)
     timeouts = [e for e in facts.ev.events_of(*_WAIT_KINDS) if e.rank in waiting][:2]
     yield Match(
@@ -250,8 +254,8 @@ def busy_elsewhere(facts: Facts) -> Iterator[Match]:
         [e.quote for e in busy[:3]] + [e.quote for e in timeouts],
         {
             "ranks": ranks,
-            "work": {e.rank: str(e.fields.get("what")) for e in busy},
-            "progress": {e.rank: _progress(e.fields) for e in busy},
+            "work": {_rank_or(e, ranks): str(e.fields.get("what")) for e in busy},
+            "progress": {_rank_or(e, ranks): _progress(e.fields) for e in busy},
             "waiting": sorted(waiting),
             "writing": writing,
         },
@@ -260,6 +264,19 @@ def busy_elsewhere(facts: Facts) -> Iterator[Match]:
     )
 
 
+def _rank_or(e, ranks: list[int]) -> int:
+    return e.rank if e.rank is not None else ranks[0]
+
+
+def _other_work_going_on(e) -> bool:
+    """A progress bar of work other than training steps, not at its end."""
+    done = e.fields.get("total") and e.fields.get("n") == e.fields.get("total")
+    return any(w in str(e.fields.get("what", "")).lower() for w in _OTHER_WORK) and not done
+
+
 def _progress(fields: dict) -> str:
     """`812/1000`, or `812` when the bar gives no total."""
-    return f"{fields.get('n')}/{fields['total']}" if fields.get("total") else str(fields.get("n"))
+    n = fields.get("n")
+    if isinstance(n, int) and isinstance(fields.get("first"), int):
+        n = max(n, fields["first"])  # a bar that went back to 0 is another process's: show the furthest
+    return f"{n}/{fields['total']}" if fields.get("total") else str(n)

@@ -229,3 +229,21 @@ def test_odd_text_in_these_formats_never_raises(tmp_path):
         "rank   time\n  x  1.0\n  1  nan\nRank 9 time cost 1e999\nnodeA1,nodeB2 0\n"
     )
     _verdict(tmp_path, text)
+
+
+def test_a_bar_naming_no_rank_is_the_silent_ranks_when_the_others_time_out():
+    """Ranks 1-3 time out; the tokenizer bar names no rank: rank 0, the one silent rank, is still at it."""
+    from hangdx.playbooks import engine
+    from hangdx.probes.bundle import evidence_from_paths
+
+    wd = (
+        "[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, "
+        "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800328 milliseconds before timing out."
+    )
+    bar = "Map (num_proc=8):  41%|████      | 410000/1000000 [29:55<43:08, 228.40 examples/s]"
+    text = "\n".join([bar] + [wd.format(r=r) for r in (1, 2, 3)]) + "\n"
+    v = engine.run(evidence_from_paths(["-"], stdin=text.encode()))
+    assert v.root_cause.category == "straggler"
+    assert v.root_cause.culprit.ranks == [0]
+    text = "\n".join([bar] + [wd.format(r=r) for r in (2, 3)]) + "\n"  # ranks 0 and 1 silent: which one?
+    assert engine.run(evidence_from_paths(["-"], stdin=text.encode())).root_cause.category != "straggler"
