@@ -54,11 +54,24 @@ _ROW = re.compile(
     rf"^\s*\d{{1,15}}\s+\d{{1,15}}\s+[a-z][a-z0-9_]{{0,15}}(?:\s+[a-z][a-z_]{{0,15}})?(?:\s+-?\d{{1,6}})?(?:\s+{_NUM}){{8}}\s*$"
 )
 # A node set and its figure: `node1,node2   49.36`, `node1, node2: 49.36 GB/s  # comment`.
-_HOSTNAME = r"[A-Za-z][\w.\-]{0,62}\d[\w.\-]{0,62}"
+# One way only to match a name (no comma or space in it), so a long line cannot make the pattern backtrack; that
+# every name holds a digit (gpu-b01, not "Total") is checked after the match.
+_HOSTNAME = r"[A-Za-z][\w.\-]{0,125}"
 _NODE_SET = re.compile(
     rf"^\s*({_HOSTNAME}(?:\s{{0,2}},\s{{0,2}}{_HOSTNAME}){{1,63}})\s*[:|=]?\s+(\d{{1,9}}(?:\.\d{{1,9}})?)"
     r"\s*(GB/s|Gb/s|GB/S|Gbps|us|ms|s)?\s*(?:#.*|\(.*\))?$"
 )
+
+
+def _node_set(line: str) -> re.Match | None:
+    if "," not in line or len(line) > 8192:
+        return None
+    m = _NODE_SET.match(line)
+    if m is None or not all(any(c.isdigit() for c in h) for h in m.group(1).split(",")):
+        return None
+    return m
+
+
 _TIME_HEADER = re.compile(r"\b(?:time|latency|us|ms|seconds?)\b", re.I)
 
 
@@ -71,7 +84,7 @@ def sniff(head: bytes) -> int:
         return 90
     if any(_COLUMNS.match(ln.strip()) for ln in rows):
         return 85
-    sets = sum(1 for ln in rows if _NODE_SET.match(ln))
+    sets = sum(1 for ln in rows if _node_set(ln))
     if sets >= 2 and sets * 10 >= len(rows) * 6:
         return 60
     return 0
@@ -86,7 +99,7 @@ def claims(line: str) -> int:
         return 0
     if _ROW.match(line):
         return 6
-    if _NODE_SET.match(line):
+    if _node_set(line):
         return 5
     return 0
 
@@ -167,7 +180,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                     if q not in run.wrong_quotes:
                         run.wrong_quotes.append(q)
             continue
-        if (m := _NODE_SET.match(raw)) is not None:
+        if (m := _node_set(raw)) is not None:
             hosts = [h.strip() for h in m.group(1).split(",")]
             unit = m.group(3) or ""
             is_time = time_figures or unit in ("us", "ms", "s")
