@@ -286,6 +286,10 @@ _SHOWN = {
     "torch_log": "Python/torch log or traceback",
     "flight_recorder": "Flight Recorder dump",
     "procstate": "ps table or /proc state",
+    "gdb": "gdb backtrace",
+    "faulthandler": "Python faulthandler dump",
+    "pyspy_top": "py-spy top",
+    "ps_table": "ps/top table or /proc/PID/stack",
 }
 
 

@@ -25,6 +25,10 @@ _MODULES = [
     "ibstat",
     "perfquery",
     "ip_link",
+    "gdb",
+    "faulthandler",
+    "pyspy_top",
+    "ps_table",
 ]
 
 HEAD_BYTES = 64 * 1024
