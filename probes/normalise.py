@@ -19,7 +19,7 @@ from hangdx.probes.naming import host_from_path, rank_from_name
 # CSI (colours, cursor moves), OSC (titles, links) and two-character escapes; bounded, so linear.
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _TORCHRUN = re.compile(r"\[(?:default)?rank(\d{1,9})\]:\s?")
-_SRUN = re.compile(r"\s{0,6}(\d{1,6}): ")
+_SRUN = re.compile(r"\s{0,6}(\d{1,6}):(?: |$)")  # an empty labelled line may have lost its blank
 _RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
 _POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
 _RAY = re.compile(r"\(\w{1,64} pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ")
