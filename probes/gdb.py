@@ -61,8 +61,13 @@ def sniff(head: bytes) -> int:
 def claims(line: str) -> int:
     """How surely one line is gdb's own (see probes/reader.py)."""
     if line.startswith("#"):
-        if len(line) < 4000 and _FRAME_SHAPE.match(line):
-            return 8 if " in " in line[:40] or " at " in line or " from " in line or "Frame 0x" in line else 7
+        # A frame with an address, a source line or a library: a markdown `#1 Fix (see below)` has none of them.
+        if (
+            len(line) < 4000
+            and _FRAME_SHAPE.match(line)
+            and (_ADDR_IN.match(line[_FRAME_NO.match(line).end() :]) or _where(line) or "Frame 0x" in line)
+        ):
+            return 8
         return 0
     if line.startswith(("Thread ", "* Thread ")) and "LWP" in line and _THREAD.match(line):
         return 9
