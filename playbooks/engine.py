@@ -60,7 +60,15 @@ def playbook(
 
 
 def playbooks() -> list[Playbook]:
-    from hangdx.playbooks import exits, flowchart, measured, nccl_logs, partial, timeline  # noqa: F401 - registers the playbooks
+    from hangdx.playbooks import (  # noqa: F401 - registers the playbooks
+        exits,
+        flowchart,
+        measured,
+        nccl_logs,
+        partial,
+        process_reports,
+        timeline,
+    )
 
     return sorted(_PLAYBOOKS, key=lambda p: p.order)
 

@@ -42,6 +42,8 @@ P2P = {
     "batch_isend_irecv": "batch_p2p",
     "send_object_list": "send",
     "recv_object_list": "recv",
+    # batch_isend_irecv's context manager: a rank still inside it waits on the peers of its batched send/recv.
+    "_coalescing_manager": "batch_p2p",
 }
 INIT = {
     "init_process_group",
@@ -92,6 +94,29 @@ IO_SYSCALLS = {
     "fdatasync", "flock", "statx", "newfstatat", "copy_file_range", "sendfile", "splice", "io_getevents",
 }  # fmt: skip
 SLEEP_SYSCALLS = {"nanosleep", "clock_nanosleep"}
+# Storage I/O in Python: checkpoint and file-system libraries (a path prefix of the frame's file).
+STORAGE_IO = (
+    "torch/serialization.py", "shutil.py", "pyarrow/fs.py", "pyarrow/_fs", "fsspec/", "gcsfs/", "s3fs/",
+    "adlfs/", "boto3/", "botocore/", "s3transfer/", "google/cloud/storage/", "azure/storage/blob/",
+    "safetensors/", "torch/distributed/checkpoint/filesystem.py", "torch/distributed/checkpoint/_fsspec",
+    "torch/distributed/checkpoint/storage.py", "h5py/", "zarr/", "tensorstore/",
+)  # fmt: skip
+# Output paths that take a lock (logging's handler lock, tqdm's write lock, rich's console and live locks):
+# a thread idle at the top of one waits for that lock; in a forked child, a lock its parent held at fork.
+OUTPUT_LOCK_SITES = {
+    "logging/__init__.py": {"acquire", "_acquireLock", "_acquireModuleLock", "handle", "flush"},
+    "tqdm/std.py": {"acquire", "__enter__", "__new__", "_decr_instances"},
+    "rich/live.py": {"run", "start", "stop", "update", "refresh", "process_renderables"},
+    "rich/console.py": {"__exit__", "set_live", "clear_live", "push_render_hook", "pop_render_hook",
+                        "render_lines", "_write_buffer", "_check_buffer", "export_text", "export_html"},
+}  # fmt: skip
+OUTPUT_LIBRARIES = ("logging/", "tqdm/", "rich/", "colorama/", "loguru/")
+# Native I/O frames that only files make (a read or write may be a socket's or a pipe's).
+FILE_ONLY_NATIVE = ("fsync", "fdatasync", "sync_file_range", "msync", "nfs_", "rpc_wait", "pread64",
+                    "pwrite64")  # fmt: skip
+# Native frames that take the interpreter lock (py-bt prints `Waiting for the GIL` for them).
+GIL_WAITS = ("take_gil", "PyEval_RestoreThread", "PyGILState_Ensure", "PyEval_AcquireThread",
+             "PyEval_AcquireLock", "Waiting for the GIL")  # fmt: skip
 
 
 def _norm(path: str) -> str:
@@ -254,6 +279,8 @@ def _frame_quote(dump: StackDump, thread: ThreadStack, frame: Frame | None) -> Q
 
 # Native frames (gdb, pystack, py-spy --native) that say where a thread waits when no Python frame does.
 NATIVE_WAITS = (
+    (("endCoalescing", "batch_isend_irecv", "ProcessGroupNCCL::send", "ProcessGroupNCCL::recv", "ncclSend",
+      "ncclRecv", "pointToPoint"), "p2p"),
     (("ProcessGroupNCCL", "WorkNCCL", "ncclKernel", "ncclAllReduce", "ncclGroupEnd", "cudaStreamSynchronize",
       "cudaDeviceSynchronize", "cudaEventSynchronize", "ProcessGroupGloo", "gloo::", "c10d::Reducer"),
      "collective"),
@@ -271,10 +298,43 @@ def classify_native(frames: list[Frame]) -> tuple[str, Frame] | None:
     for f in frames:  # innermost first: a lock inside a collective's wait is that collective
         for words, kind in NATIVE_WAITS:
             if any(w in f.function for w in words):
-                if found is None or (found[0] == "lock" and kind in ("collective", "init")):
+                if (
+                    found is None
+                    or (found[0] == "lock" and kind in ("collective", "init", "p2p"))
+                    or (found[0] == "collective" and kind == "p2p")  # a p2p call's NCCL group is the p2p's
+                ):
                     found = (kind, f)
                 break
     return found
+
+
+def _top_natives(frames: list[Frame]) -> list[Frame]:
+    """The native frames above the innermost Python frame: the C call that Python frame is in."""
+    out = []
+    for f in frames:
+        if not f.native:
+            break
+        out.append(f)
+    return out
+
+
+def _gil_wait(frames: list[Frame]) -> Frame | None:
+    """A thread whose innermost frames take the GIL waits for the thread that holds it."""
+    return next((f for f in _top_natives(frames) if any(w in f.function for w in GIL_WAITS)), None)
+
+
+def _output_lock(frames: list[Frame]) -> Frame | None:
+    """The innermost Python frames wait on a lock an output path takes (see OUTPUT_LOCK_SITES)."""
+    for i, f in enumerate(frames):
+        file = _norm(f.file)
+        if f.function in next((fs for p, fs in OUTPUT_LOCK_SITES.items() if file.endswith(p)), ()):
+            return f
+        if (file, f.function) in LOCK_FRAMES:
+            continue  # threading's own wait: who called it decides
+        if i and file.startswith(OUTPUT_LIBRARIES):
+            return frames[i - 1]
+        return None
+    return None
 
 
 def classify(dump: StackDump, state: ProcessState | None) -> Location:
@@ -282,13 +342,18 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     thread = dump.main_thread()
     if thread is None:
         return Location("unknown", detail="no threads in the dump")
+    gil = _gil_wait(thread.frames)
+    if gil is not None:
+        site = call_site(user_frame([f for f in thread.frames if not f.native]))
+        how = "waiting for the GIL" + ("" if gil.function == "Waiting for the GIL" else f" in {gil.function}")
+        return Location("lock", "the GIL", site, how, gil.quote or thread.quote)
     frames = [f for f in thread.frames if not f.native]
     if not frames and thread.frames:
         native = classify_native(thread.frames)
         if native is not None:
             kind, f = native
             q = f.quote or thread.quote
-            op = "a collective" if kind == "collective" else None
+            op = {"collective": "a collective", "p2p": "a point-to-point call"}.get(kind)
             return Location(kind, op, None, f"native frame {f.function}", q)
     user = user_frame(frames)
     site = call_site(user)
@@ -316,6 +381,9 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
             return loc("collective", op=COLLECTIVES[f.function], frame=f)
         if file.startswith("torch/nn/parallel/distributed.py"):
             return loc("collective", op="ddp", detail=f"DistributedDataParallel.{f.function}", frame=f)
+    held = _output_lock(frames) if thread.state not in ("active", "gil") else None
+    if held is not None:
+        return loc("lock", op="an output lock", detail=f"{_norm(held.file)} {held.function}", frame=held)
     for f in frames:
         if _norm(f.file).startswith("torch/utils/data/"):
             return loc("dataloader", detail=f.function, frame=f)
@@ -326,8 +394,11 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     file_io = syscall in IO_SYSCALLS and not is_socket and not is_anon_pipe
     io_detail = f"{syscall}({target})" if file_io and target else (syscall if file_io else "")
     for f in frames:
-        if _norm(f.file).startswith(("torch/serialization.py", "shutil.py")):
+        if _norm(f.file).startswith(STORAGE_IO):
             return loc("io", detail=io_detail or f"in {f.function}", frame=f)
+    top = classify_native(_top_natives(thread.frames))
+    if top is not None and top[0] == "io" and any(w in top[1].function for w in FILE_ONLY_NATIVE):
+        return loc("io", detail=f"native frame {top[1].function}", frame=top[1])
     if state is not None and state.state == "D":
         wchan = f", wchan {state.wchan}" if state.wchan else ""
         return loc(
@@ -344,6 +415,8 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
         )
     if waits is not None:
         return loc("lock", op=waits.function, detail=f"{_norm(waits.file)} {waits.function}", frame=waits)
+    if top is not None and top[0] == "lock" and thread.state not in ("active", "gil"):
+        return loc("lock", detail=f"native frame {top[1].function}", frame=top[1])
     if syscall in SLEEP_SYSCALLS:
         return loc("sleep", detail=syscall)
     if thread.state in ("active", "gil") or (state is not None and state.state == "R"):

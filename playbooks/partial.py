@@ -131,6 +131,9 @@ def _culprits(procs: list[Process]) -> list[Process]:
     if not counts:
         return []
     crowd = max(counts.items(), key=lambda kv: (kv[1], kv[0] == "collective"))[0]
+    if len(counts) == 1 and crowd in _ALONE:
+        # All wait the same way, and not on a collective: each of them is stuck.
+        return [p for p in procs if p.location]
     return [p for p in procs if p.location and p.location.kind != crowd]
 
 

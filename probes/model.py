@@ -100,6 +100,7 @@ class ProcessState:
     role: str = "rank"  # rank | worker
     parent_pid: int | None = None
     threads: int | None = None
+    quote: Quote | None = None  # the line it was read from, when read from a pasted table
 
 
 @dataclass

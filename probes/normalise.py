@@ -32,7 +32,7 @@ _REMOTE_CMD = re.compile(
     r"\s*(?:sudo )?(?:mpirun|mpiexec|srun|salloc|sbatch|torchrun|deepspeed|accelerate|horovodrun|pdsh|clush|ssh"
     r"|kubectl|docker|ray|python\S* -m torch\.distributed)\b"
 )
-_SRUN = re.compile(r"\s{0,6}(\d{1,6}): ")
+_SRUN = re.compile(r"\s{0,6}(\d{1,6}):(?: |$)")  # an empty labelled line may have lost its blank
 _RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
 _POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
 _RAY = re.compile(r"\(\w{1,64} pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ")

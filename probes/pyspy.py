@@ -36,6 +36,8 @@ _FRAME = re.compile(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
 _LOCAL = re.compile(r"^ {12}([^:]+): (.*)$")
 _MARKER = re.compile(r"^# hangdx stack-sample (.*)$")
 _KV = re.compile(r"(?<!\w)(\w+)=(\S+)")
+# --native frames with a source line are C/C++/CUDA code (`std::condition_variable::wait (condition_variable.cc:55)`).
+_NATIVE_FILE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hh|hpp|cu|cuh|S)$")
 
 _STATES = {"idle": "idle", "active": "active", "active+gil": "gil", "gil": "gil", "idle+gil": "gil"}
 
@@ -164,7 +166,7 @@ def _parse_text(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                     function=func,
                     file=where,
                     line=_int(lineno),
-                    native=lineno is None,
+                    native=lineno is None or bool(_NATIVE_FILE.search(where)),
                     quote=Quote(src.name, no, line.strip()),
                 )
             )

@@ -305,6 +305,10 @@ _SHOWN = {
     "nccl_tests": "nccl-tests output or results per node set",
     "rank_timing": "per-rank timings",
     "pp_schedule": "pipeline schedule action lists",
+    "gdb": "gdb backtrace",
+    "faulthandler": "Python faulthandler dump",
+    "pyspy_top": "py-spy top",
+    "ps_table": "ps/top table or /proc/PID/stack",
 }
 
 

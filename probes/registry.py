@@ -31,6 +31,10 @@ _MODULES = [
     "nccl_tests",
     "rank_timing",
     "pp_schedule",
+    "gdb",
+    "faulthandler",
+    "pyspy_top",
+    "ps_table",
 ]
 
 HEAD_BYTES = 64 * 1024

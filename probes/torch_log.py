@@ -849,6 +849,7 @@ def _traceback(ln: _Line, st: _State) -> None:
     f = _FRAME.match(body)
     if f:
         tb["frames"].append(f"{f['file']}:{f['line']} in {f['func']}")
+        tb.setdefault("where", []).append((f["func"], f["file"], int(f["line"]), ln))
         return
     if not body.strip() or body[:1].isspace():
         return  # source lines and carets
@@ -866,6 +867,19 @@ def _traceback(ln: _Line, st: _State) -> None:
     )
     if key is not None:
         st.last_exc[key] = e
+    if m["type"] == "KeyboardInterrupt" and tb.get("where"):
+        _interrupted(st, tb["where"], ln, key)
+
+
+def _interrupted(st: _State, where: list, ln: _Line, rank: int | None) -> None:
+    """Ctrl-C on a hung process: its traceback ends where the main thread waited; kept as that thread's stack."""
+    from hangdx.probes.model import Frame, StackDump, ThreadStack
+
+    frames = [Frame(func, file, line, quote=_quote(st, fl)) for func, file, line, fl in reversed(where)]
+    thread = ThreadStack(None, "MainThread", "idle", frames, _quote(st, ln))
+    src = st.src
+    rank = rank if rank is not None else src.rank
+    st.ev.stacks.append(StackDump(src.pid, rank, src.host, [thread], src.name))
 
 
 def _exception_continuation(ln: _Line, st: _State) -> None:

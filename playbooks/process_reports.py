@@ -1,0 +1,131 @@
+"""What a process's own report says, with or without the rest of the job: a crash report Python printed as it
+died (faulthandler's `Fatal Python error: Segmentation fault`), or a process table that shows a process asleep
+in the kernel on a file system (`D` state, WCHAN `nfs_start_io_read`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from hangdx.playbooks.engine import Match, playbook
+from hangdx.playbooks.facts import Facts, _norm
+from hangdx.playbooks.verdict import Culprit
+from hangdx.probes.model import LogEvent, ProcessState, Quote
+
+# Kernel functions a task sleeps in when it waits for a file system or the block layer (WCHAN or
+# /proc/PID/stack): NFS and its RPC client, Lustre, CIFS, FUSE, local file systems, page-cache and block I/O.
+FS_WCHAN = re.compile(
+    r"^(?:nfs\w*|rpc_wait\w*|rpc_\w*|__rpc_\w+|io_schedule\w*|wait_on_page_bit\w*|folio_wait\w*|__folio_lock\w*"
+    r"|__lock_page\w*|lock_page\w*|wait_on_buffer|__wait_on_buffer|bit_wait_io\w*|__filemap\w*|filemap_\w+"
+    r"|do_truncate|ll_\w+|lustre\w*|osc_\w+|ptlrpc\w*|ldlm_\w+|cl_\w+|cifs\w*|smb2?_\w+|fuse_\w+|ext4_\w+"
+    r"|jbd2\w*|xfs_\w+|btrfs_\w+|blk_\w+|blkdev_\w+|submit_bio\w*|fsync\w*|vfs_\w+|gpfs\w*|mmfs\w*|ceph_\w+"
+    r"|wait_on_page_writeback|wait_on_page_locked\w*|writeback_\w+|sync_\w+)$"
+)
+
+
+def _host_of(facts: Facts, e: LogEvent) -> list[str]:
+    """The host that printed a report: its own line's, another line of the same process's, or the one host."""
+    if e.host:
+        return [e.host]
+    same = {
+        x.host
+        for x in facts.ev.events
+        if x.host and ((e.pid is not None and x.pid == e.pid) or (e.rank is not None and x.rank == e.rank))
+    }
+    same |= {c.host for c in facts.ev.collectives if c.host and e.rank is not None and c.rank == e.rank}
+    if len(same) == 1:
+        return sorted(same)
+    if e.rank is not None and facts.host_of(e.rank):
+        return [facts.host_of(e.rank)]  # type: ignore[list-item]
+    return list(facts.ev.hosts) if len(facts.ev.hosts) == 1 else []
+
+
+def _short(where: str | None) -> str | None:
+    """`barrier (/x/site-packages/torch/distributed/distributed_c10d.py:3938)` with the path from its package."""
+    if not where or " (" not in where:
+        return where
+    func, _, rest = where.partition(" (")
+    return f"{func} ({_norm(rest.rstrip(')'))})"
+
+
+@playbook("fatal_signal", order=12)
+def fatal_signal(facts: Facts) -> Iterator[Match]:
+    """Did a process print Python's own crash report (faulthandler: `Fatal Python error: Segmentation fault`)?"""
+    crashes = [e for e in facts.ev.events_of("segfault") if e.fields.get("origin") == "faulthandler"]
+    if not crashes:
+        return
+    ranks = sorted({e.rank for e in crashes if e.rank is not None})
+    hosts = sorted({h for e in crashes for h in _host_of(facts, e)})
+    # The launcher's word on the same process: `failed (exitcode: -11) local_rank: 0 (pid: ...)`.
+    exits = [
+        x
+        for x in facts.ev.events_of("process_exit", "torchrun_failure")
+        if x.rank in ranks or (x.rank is None and not ranks)
+    ]
+    evidence: list[Quote] = [e.quote for e in crashes[:3]] + [x.quote for x in exits[:2]]
+    named = [] if ranks else [f"pid {e.pid}" if e.pid is not None else "the process" for e in crashes[:1]]
+    yield Match(
+        "rank_crashed",
+        0.86 if ranks else 0.7,
+        Culprit(ranks=ranks, hosts=hosts, processes=named),
+        evidence,
+        {
+            "ranks": ranks,
+            "hosts": hosts,
+            "what": crashes[0].fields.get("what"),
+            "signal": crashes[0].fields.get("signal"),
+            "frame": _short((crashes[0].fields.get("frames") or [None])[0]),
+            "exit": exits[0].quote.text if exits else None,
+        },
+        status="failed",
+    )
+
+
+def _stacked(facts: Facts, s: ProcessState) -> bool:
+    """A process whose stack was seen: the stack playbooks read its state with it."""
+    return any(d.pid == s.pid and d.host == s.host for d in facts.ev.stacks) or (
+        s.rank is not None and s.rank in facts.ranks and bool(facts.ranks[s.rank].stacks)
+    )
+
+
+@playbook("blocked_in_kernel", order=57)
+def blocked_in_kernel(facts: Facts) -> Iterator[Match]:
+    """Does a process table show a process asleep in the kernel on a file system (D state, an NFS WCHAN)?"""
+    blocked = [
+        s
+        for s in facts.ev.processes
+        if s.wchan
+        and FS_WCHAN.match(s.wchan)
+        and (s.state == "D" or (s.state is None and s.quote is not None))
+        and not _stacked(facts, s)
+    ]
+    if not blocked:
+        return
+    ranks = sorted({s.rank for s in blocked if s.rank is not None})
+    hosts = sorted({s.host for s in blocked if s.host})
+    yield Match(
+        "io_stall",
+        0.66,
+        Culprit(
+            ranks=ranks,
+            hosts=hosts,
+            processes=[] if ranks else [f"pid {s.pid}" for s in blocked if s.pid >= 0][:8],
+        ),
+        [s.quote for s in blocked if s.quote][:6],
+        {
+            "procs": [
+                {
+                    "pid": s.pid if s.pid >= 0 else None,
+                    "rank": s.rank,
+                    "host": s.host,
+                    "state": s.state,
+                    "wchan": s.wchan,
+                }  # fmt: skip
+                for s in blocked[:6]
+            ],
+            "n": len(blocked),
+            "hosts": hosts,
+        },
+        status="hung",
+    )

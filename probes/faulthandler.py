@@ -1,0 +1,146 @@
+"""Python's faulthandler output: a crash report (`Fatal Python error: Segmentation fault`) or a dump of every
+thread (`faulthandler.dump_traceback_later`, `faulthandler.register(SIGUSR1)`), as CPython prints it:
+
+    Fatal Python error: Segmentation fault
+
+    Thread 0x000014844b65d740 (most recent call first):
+      File "/x/torch/distributed/distributed_c10d.py", line 3938 in barrier
+      File "/x/test.py", line 18 in <module>
+
+    Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
+
+    Timeout (0:30:00)!
+    Current thread 0x00007f1c4e7fc740 (most recent call first):
+      File "/x/threading.py", line 320 in wait
+
+A `Fatal Python error:` header makes the dump a crash report: the process died there (a `segfault` event that
+names the signal and the frame it died in), not a process that waits. Any other dump is where each thread of a
+live process was: a stack like py-spy's (the thread whose outermost frame is `<module>` is the main thread).
+"""
+
+from __future__ import annotations
+
+import re
+
+from hangdx.probes.model import Evidence, Frame, LogEvent, Quote, Source, StackDump, ThreadStack
+from hangdx.probes.text import lines
+
+KIND = "faulthandler"
+
+_FATAL = re.compile(r"^Fatal Python error: (?:(\w{1,64}): )?(.{1,300}?)\s*$")
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]{1,16}) \(most recent call first\):\s*$")
+_STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
+_TIMEOUT = re.compile(r"^Timeout \((\d{1,6}:\d\d:\d\d(?:\.\d{1,9})?)\)!\s*$")
+_FRAME = re.compile(r'^\s{1,8}File "([^"]{1,1000})", line (\d{1,9}) in (\S.{0,200}?)\s*$')
+# Signals faulthandler reports as fatal (its own list: SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL).
+_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE",
+    "Floating-point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+
+
+def sniff(head: bytes) -> int:
+    text = head[:16384].decode("utf-8", errors="replace")
+    if re.search(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):", text, re.M):
+        return 60
+    return 40 if re.search(r"^Fatal Python error: ", text, re.M) else 0
+
+
+def claims(line: str) -> int:
+    """How surely one line is faulthandler's (see probes/reader.py)."""
+    if line.startswith("Fatal Python error: "):
+        return 9
+    if line.startswith(("Current thread 0x", "Thread 0x")) and _THREAD.match(line):
+        return 9
+    if line.startswith("Stack (most recent") and _STACK.match(line):
+        return 8
+    if line.startswith("Timeout (") and _TIMEOUT.match(line):
+        return 7
+    return 0
+
+
+def parse(data: bytes, src: Source, ev: Evidence) -> None:
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
+def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    """A region of clean lines (see probes/reader.py)."""
+    fatal: tuple[int, str, str] | None = None  # line, text, what
+    dump: StackDump | None = None
+    thread: ThreadStack | None = None
+    crash_frames: list[Frame] = []
+    crash_thread: str | None = None
+
+    def close() -> None:
+        nonlocal fatal, dump, thread, crash_frames, crash_thread
+        if fatal is not None:
+            no, text, what = fatal
+            ev.events.append(
+                LogEvent(
+                    "segfault",
+                    Quote(src.name, no, text),
+                    host=src.host,
+                    rank=src.rank,
+                    pid=src.pid,
+                    fields={
+                        "signal": _SIGNALS.get(what, what),
+                        "what": what,
+                        "origin": "faulthandler",
+                        "function": crash_frames[0].function if crash_frames else None,
+                        "frames": [f.where() for f in crash_frames],
+                        "thread": crash_thread,
+                    },
+                )
+            )
+        elif dump is not None:
+            dump.threads = [t for t in dump.threads if t.frames]
+            if dump.threads and not any(t.name == "MainThread" for t in dump.threads):
+                for t in dump.threads:
+                    if t.frames[-1].function == "<module>":
+                        t.name = "MainThread"
+                        break
+            if not dump.threads:
+                ev.stacks.remove(dump)
+        fatal, dump, thread, crash_frames, crash_thread = None, None, None, [], None
+
+    for no, raw in numbered:
+        text = raw.rstrip()
+        m = _FATAL.match(text)
+        if m:
+            close()
+            fatal = (no, text, m.group(2).strip())
+            continue
+        m = _THREAD.match(text) or _STACK.match(text)
+        if m:
+            if fatal is not None:
+                if crash_thread is None or not crash_frames:
+                    crash_thread = text
+                    crash_frames = []
+                    thread = ThreadStack(None, "", "unknown", crash_frames, Quote(src.name, no, text))
+                elif text.startswith("Current thread"):
+                    # The thread that crashed is the current one: its frames are the crash's.
+                    crash_thread, crash_frames = text, []
+                    thread = ThreadStack(None, "", "unknown", crash_frames, Quote(src.name, no, text))
+                else:
+                    thread = None  # another thread of the dying process
+                continue
+            if dump is None:
+                dump = StackDump(pid=src.pid, rank=src.rank, host=src.host, threads=[], source=src.name)
+                ev.stacks.append(dump)
+            tid = int(m.group(2), 16) if m.re is _THREAD else None
+            thread = ThreadStack(tid, "", "unknown", [], Quote(src.name, no, text))
+            dump.threads.append(thread)
+            continue
+        if _TIMEOUT.match(text):
+            close()
+            continue
+        f = _FRAME.match(text)
+        if f and thread is not None:
+            thread.frames.append(
+                Frame(f.group(3), f.group(1), int(f.group(2)), False, quote=Quote(src.name, no, text.strip()))
+            )
+    close()
