@@ -83,6 +83,9 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
 
 
 def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
+    def add(kind: str, **fields: object) -> None:
+        ev.events.append(LogEvent(kind, quote, host=src.host, rank=src.rank, pid=src.pid, fields=fields))
+
     for item in lines:
         no, text = item[0], item[1]
         if len(text) > 8192:
@@ -92,53 +95,18 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
         m = _CURL.search(text)
         if m:
             g = _GLOG.match(text)
-            ev.events.append(
-                LogEvent(
-                    "storage_stall",
-                    quote,
-                    host=src.host,
-                    rank=src.rank,
-                    pid=src.pid,
-                    fields={
-                        "error": m.group(0),
-                        "thread": int(g.group(1)) if g else None,
-                        "where": g.group(2) if g else None,
-                        "curl": True,
-                    },
-                )  # fmt: skip
-            )
+            add("storage_stall", error=m.group(0), thread=int(g.group(1)) if g else None,
+                where=g.group(2) if g else None, curl=True)  # fmt: skip
             continue
         if "it/s" in text or "s/it" in text:
             continue
         if _FINISHED.search(text):
-            ev.events.append(
-                LogEvent(
-                    "training_finished",
-                    quote,
-                    host=src.host,
-                    rank=src.rank,
-                    pid=src.pid,
-                    fields={"time": when.isoformat() if when else None},
-                )  # fmt: skip
-            )
+            add("training_finished", time=when.isoformat() if when else None)
             continue
         m = _CHECKPOINT.search(text)
         if m:
             verb = (m.group(1) or m.group(2) or "").lower()
             t = _TARGET.search(text, m.start())
-            ev.events.append(
-                LogEvent(
-                    "checkpoint_io",
-                    quote,
-                    host=src.host,
-                    rank=src.rank,
-                    pid=src.pid,
-                    fields={
-                        "verb": verb,
-                        "saving": verb.startswith(("sav", "writ", "wrote")),
-                        "done": verb in ("saved", "wrote", "written", "loaded", "restored"),
-                        "target": t.group(1).rstrip(".,;") if t else None,
-                        "time": when.isoformat() if when else None,
-                    },
-                )  # fmt: skip
-            )
+            add("checkpoint_io", verb=verb, saving=verb.startswith(("sav", "writ", "wrote")),
+                done=verb in ("saved", "wrote", "written", "loaded", "restored"),
+                target=t.group(1).rstrip(".,;") if t else None, time=when.isoformat() if when else None)  # fmt: skip
