@@ -25,6 +25,7 @@ _MODULES = [
     "ibstat",
     "perfquery",
     "ip_link",
+    "horovod_log",
 ]
 
 HEAD_BYTES = 64 * 1024
