@@ -60,7 +60,7 @@ def playbook(
 
 
 def playbooks() -> list[Playbook]:
-    from hangdx.playbooks import flowchart, horovod, partial  # noqa: F401 - registers the playbooks
+    from hangdx.playbooks import flowchart, horovod, partial, uneven_loops  # noqa: F401 - registers the playbooks
 
     return sorted(_PLAYBOOKS, key=lambda p: p.order)
 
