@@ -53,8 +53,10 @@ _HVD_HEADER = re.compile(
     r"(?: [^\]\s]{1,400}:\d{1,7})?\] "
 )
 _LIST_HEAD = re.compile(r"(?:Stalled ops|Stalled ranks|Missing ranks):")
-_OP = re.compile(r"([^\s\[\],]{1,1000}) \[(ready|missing) ranks:\s?([\d,\s]{0,100000})\]")
-_RANK_ENTRY = re.compile(r"(?<![\w/\-.])(\d{1,9})(!?): \[([^\]]{0,100000})\]")
+# `NAME [ready ranks: 1, 2]`: found by its bracket, then the name before it and the list up to its `]` are cut out
+# with string searches, so that a long line without the rest never makes a regex scan back and forth.
+_OP = re.compile(r" \[(ready|missing) ranks:")
+_RANK_ENTRY = re.compile(r"(?<![\w/\-.])(\d{1,9})(!?): \[")
 _RANK_ENTRY_START = re.compile(r"^\s{0,8}\d{1,9}!?: \[")
 _SECONDS = re.compile(r"for more than (\d{1,9}) seconds")
 _WILL_SHUTDOWN = re.compile(r"is stalled for longer than \d{1,9} seconds\. Will shutdown")
@@ -185,15 +187,19 @@ def _close(block: _Block | None, src: Source, ev: Evidence) -> None:
     ops: list[dict] = []
     quote_at: tuple[int, str] | None = None
     for m in _OP.finditer(joined):
-        name = m.group(1)
-        for junk in ("ops:", "Stalled"):
-            name = name.removeprefix(junk)
-        ranks = sorted(set(_ranks(m.group(3))))
+        close = joined.find("]", m.end(), m.end() + 100_000)
+        if close < 0:
+            continue  # the list was cut off
+        before = joined[max(0, m.start() - 1000) : m.start()]
+        name = re.split(r"[\s,\]]", before)[-1].removeprefix("ops:")
+        ranks = sorted(set(_ranks(joined[m.end() : close])))
+        if not name:
+            continue
         ops.append(
             {
                 "tensor": name,
-                "ready": ranks if m.group(2) == "ready" else None,
-                "missing": ranks if m.group(2) == "missing" else None,
+                "ready": ranks if m.group(1) == "ready" else None,
+                "missing": ranks if m.group(1) == "missing" else None,
             }
         )
     missing: set[int] = {r for op in ops for r in op["missing"] or []}
@@ -201,20 +207,30 @@ def _close(block: _Block | None, src: Source, ev: Evidence) -> None:
     shutdown_ranks: set[int] = set()
     head = re.search(r"(?:Stalled|Missing) ranks:", joined)
     if head:
-        for m in _RANK_ENTRY.finditer(joined, head.end()):
+        by_name = {o["tensor"]: o for o in ops}
+        entries = list(_RANK_ENTRY.finditer(joined, head.end()))
+        for m, nxt in zip(entries, entries[1:] + [None], strict=False):
+            end = nxt.start() if nxt else len(joined)
+            close = joined.find("]", m.end(), end)
             r = int(m.group(1))
-            if r >= MAX_RANK:
-                continue
+            if close < 0 or r >= MAX_RANK:
+                continue  # a list cut off, or not a rank
             missing.add(r)
             if m.group(2):
                 shutdown_ranks.add(r)
-            tensors = [t.strip() for t in m.group(3).split(",") if t.strip() and t.strip() != "..."]
-            for t in tensors:
-                op = next((o for o in ops if o["tensor"] == t), None)
+            for t in joined[m.end() : close].split(","):
+                t = t.strip().removesuffix("...").strip()
+                if not t:
+                    continue
+                op = by_name.get(t)
                 if op is None:
-                    op = {"tensor": t.removesuffix(" ...").strip(), "ready": None, "missing": []}
+                    op = by_name[t] = {"tensor": t, "ready": None, "missing": []}
                     ops.append(op)
-                op["missing"] = sorted(set(op["missing"] or []) | {r})
+                if r not in op["missing"]:
+                    op["missing"].append(r)
+        for op in ops:
+            if op["missing"] is not None:
+                op["missing"].sort()
     if not ops and not missing:
         return  # the warning's prose alone, its list cut off: nothing to say who waits
     for no, text, body in block.lines:
