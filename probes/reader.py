@@ -299,6 +299,7 @@ _SHOWN = {
     "torch_log": "Python/torch log or traceback",
     "flight_recorder": "Flight Recorder dump",
     "procstate": "ps table or /proc state",
+    "horovod_log": "Horovod stall warning",
 }
 
 
