@@ -55,10 +55,6 @@ GUARD = 5.0  # seconds: linear parsing of the biggest input here takes well unde
 # What each parser found in each fixture before the parsers were hardened (same records, field for field).
 FOUND = {
     "flight_recorder/gloo_rank0.json": "collectives=9 fr_dump=1 fr_pg_status=2",
-    "horovod_log/stall_0_11_ready_ranks.log": "horovod_stall=1",
-    "horovod_log/stall_missing_ranks_logger.log": "horovod_stall=2",
-    "horovod_log/stall_ops_missing_ranks.log": "horovod_stall=1",
-    "horovod_log/stall_shutdown_mpirun.log": "horovod_shutdown=1 horovod_stall=1",
     "flight_recorder/gloo_rank0.pkl": "collectives=9 fr_dump=1 fr_pg_status=2",
     "flight_recorder/gloo_rank1.json": "collectives=9 fr_dump=1 fr_pg_status=2",
     "flight_recorder/gloo_rank1.pkl": "collectives=9 fr_dump=1 fr_pg_status=2",
@@ -126,6 +122,10 @@ FOUND = {
     "watchdog_timeout=2 work_progress=2",
     "torch_log/rank_exception.log": "connection_closed=1 exception=2 process_exit=2 torchrun_failure=2",
     "torch_log/torchrun_sigkill.log": "process_exit=2 torchrun_failure=2",
+    "horovod_log/stall_0_11_ready_ranks.log": "horovod_stall=1",
+    "horovod_log/stall_missing_ranks_logger.log": "horovod_stall=2",
+    "horovod_log/stall_ops_missing_ranks.log": "horovod_stall=1",
+    "horovod_log/stall_shutdown_mpirun.log": "horovod_shutdown=1 horovod_stall=1",
 }
 
 
