@@ -63,11 +63,13 @@ def playbooks() -> list[Playbook]:
     from hangdx.playbooks import (  # noqa: F401 - registers the playbooks
         exits,
         flowchart,
+        horovod,
         measured,
         nccl_logs,
         partial,
         process_reports,
         timeline,
+        uneven_loops,
     )
 
     return sorted(_PLAYBOOKS, key=lambda p: p.order)

@@ -319,6 +319,7 @@ _SHOWN = {
     "faulthandler": "Python faulthandler dump",
     "pyspy_top": "py-spy top",
     "ps_table": "ps/top table or /proc/PID/stack",
+    "horovod_log": "Horovod stall warning",
 }
 
 
@@ -484,6 +485,8 @@ def _region(mod: ModuleType, lines: list[Line], src: Source, ev: Evidence) -> No
     if family(mod.KIND) == "nccl_log":
         # torchrun's `[rankN]:` goes back on: the log parsers read it, and the quote then shows who said it.
         parts = [(src.rank, [(ln.no, ln.torchrun + ln.text, ln.rank) for ln in lines])]
+    elif getattr(mod, "READS_RANKED_LINES", False):  # one call, each line with the rank its prefix named
+        parts = [(src.rank, [(ln.no, ln.text, ln.rank) for ln in lines])]
     else:
         parts = [(r, [(ln.no, ln.text) for ln in run]) for r, run in _runs_by_rank(lines)]
     for rank, numbered in parts:

@@ -35,6 +35,7 @@ _MODULES = [
     "faulthandler",
     "pyspy_top",
     "ps_table",
+    "horovod_log",
 ]
 
 HEAD_BYTES = 64 * 1024

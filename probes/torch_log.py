@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hangdx.probes import nccl_log
+from hangdx.probes import counters, nccl_log
 from hangdx.probes.model import CollectiveRecord, Evidence, LogEvent, Quote, Source
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary, strip_rank_prefix
@@ -188,6 +188,8 @@ def claims(line: str) -> int:
         return 5
     if _EXC_LINE.match(line) and _EXC_HINT.search(line.split(":", 1)[0]):
         return 5
+    if counters.is_python_log(line):
+        return 5  # a line of the program's own Python logging: a rank's log
     return 0
 
 
@@ -236,6 +238,7 @@ class _State:
     root_cause: bool = False
     watchdogs: dict[tuple, LogEvent] = field(default_factory=dict)
     progress: dict[tuple, dict] = field(default_factory=dict)  # (rank, what) -> first and last bar seen
+    counters: counters.Counters = field(default_factory=counters.Counters)  # step/iter/batch N in log lines
     seen: set = field(default_factory=set)
 
 
@@ -259,6 +262,8 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
     _flush_ddp(st)
     _link_watchdog_pgs(st)
     _flush_progress(st)
+    for rank, ln, fields in st.counters.events():
+        _add(st, "step_counter", ln, rank=rank, **fields)
 
 
 # A tqdm / Lightning bar: `Evaluating:  45%|████▌     | 45/100 [00:10<00:12,  4.50it/s]`.
@@ -347,6 +352,7 @@ def _one(ln: _Line, st: _State) -> None:
     ) and "/" in ln.msg:
         _progress(ln, st)
         return
+    st.counters.note(_rank_of(ln, st), ln.msg, ln.lineno, ln)
     _traceback(ln, st)
     if "CUDA error: " in ln.msg or "CUDA driver error: " in ln.msg:
         _cuda_error(ln, st)

@@ -122,6 +122,10 @@ FOUND = {
     "watchdog_timeout=2 work_progress=2",
     "torch_log/rank_exception.log": "connection_closed=1 exception=2 process_exit=2 torchrun_failure=2",
     "torch_log/torchrun_sigkill.log": "process_exit=2 torchrun_failure=2",
+    "horovod_log/stall_0_11_ready_ranks.log": "horovod_stall=1",
+    "horovod_log/stall_missing_ranks_logger.log": "horovod_stall=2",
+    "horovod_log/stall_ops_missing_ranks.log": "horovod_stall=1",
+    "horovod_log/stall_shutdown_mpirun.log": "horovod_shutdown=1 horovod_stall=1",
 }
 
 

@@ -1,0 +1,107 @@
+"""Horovod's stall warning (probes/horovod_log.py, playbooks/horovod.py).
+
+Formats from Horovod's sources: operations.cc of 0.11 (`Stalled ops: NAME [ready ranks: ...]`, one line),
+operations.cc of 0.13-0.18 (`Stalled ops:` then `NAME [missing ranks: ...]`, one op a line), stall_inspector.cc
+(`Stalled ranks:` / `Missing ranks:` then `N: [tensors]`, `N!:` and `Will shutdown.` past the shutdown time) and
+logging.cc (`[2021-02-02 21:19:07.345988: W file.cc:105] `). The wrapped warning is the one quoted in
+horovod/horovod#159 (tests/fixtures/real/straggler__horovod-horovod-159.log); the `Missing ranks:` one is from a
+public Horovod bug report (DEKHTIARJonathan/HVD_TF_Worker_Desync_BugReport); the rest are written in the formats
+the sources print (tests/fixtures/horovod_log/README.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hangdx.playbooks import engine
+from hangdx.probes import horovod_log, reader
+from hangdx.probes.model import Evidence, Source
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures"
+WRAPPED_0_11 = (FIX / "real" / "straggler__horovod-horovod-159.log").read_bytes()
+MISSING_RANKS = (
+    b"[2021-02-02 21:19:07.345988: W /tmp/pip-install-dxtho7yu/horovod_0bde588442554cf4b80c76441efc4e03/horovod/"
+    b"common/stall_inspector.cc:105] One or more tensors were submitted to be reduced, gathered or broadcasted by "
+    b"subset of ranks and are waiting for remainder of ranks for more than 10 seconds. This may indicate that "
+    b"different ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
+    b"which will cause deadlock. \nMissing ranks:\n0: [cond_1/then/_10/cond_1/SGD/PartitionedCall/"
+    b"DistributedSGD_Allreduce/cond/then/_79/DistributedSGD_Allreduce/cond/HorovodAllreduce_grads_0]\n"
+)
+SHUTDOWN = (FIX / "horovod_log" / "stall_shutdown_mpirun.log").read_bytes()
+PER_OP = (FIX / "horovod_log" / "stall_ops_missing_ranks.log").read_bytes()
+SHUT_DOWN_LATER = PER_OP + (
+    b"tensorflow.python.framework.errors_impl.UnknownError: Horovod has been shut down. This was caused by an "
+    b"exception on one of the ranks or an attempt to allreduce, allgather or broadcast a tensor after one of the "
+    b"ranks finished execution.\n"
+)
+
+
+def read(text: bytes) -> Evidence:
+    ev = Evidence()
+    reader.read_text([text], Source("paste.log"), ev)
+    return ev
+
+
+def stall(ev: Evidence):
+    (e,) = ev.events_of("horovod_stall")
+    return e
+
+
+def test_the_oldest_form_wrapped_by_a_chat_window_names_the_ready_ranks():
+    e = stall(read(WRAPPED_0_11))
+    assert e.fields["ready"] == [1, 2, 3, 4, 5, 6, 7]
+    assert e.fields["seconds"] == 60
+    assert e.fields["ops"][0]["tensor"] == "HVDAllReduce/HorovodAllreduce_gradients_AddN_69_0"
+    assert e.quote.line == 6 and "[ready ranks:" in e.quote.text  # the line naming the ranks, verbatim
+
+
+def test_ready_ranks_1_to_7_make_rank_0_the_straggler():
+    v = engine.run(read(WRAPPED_0_11))
+    rc = v.root_cause
+    assert (rc.category, rc.culprit.ranks) == ("straggler", [0])
+    assert v.status == "progressing"
+    assert any("[ready ranks: 2, 6, 7, 3, 4, 1, 5]" in q.text for q in rc.evidence)
+
+
+def test_missing_ranks_under_horovods_logger_name_the_late_rank():
+    ev = read(MISSING_RANKS)
+    e = stall(ev)
+    assert e.fields["missing"] == [0] and e.fields["seconds"] == 10
+    assert e.fields["ops"][0]["tensor"].endswith("HorovodAllreduce_grads_0")
+    rc = engine.run(ev).root_cause
+    assert (rc.category, rc.culprit.ranks) == ("straggler", [0])
+
+
+def test_missing_ranks_per_op_lines():
+    e = stall(read(PER_OP))
+    assert [op["missing"] for op in e.fields["ops"]] == [[5], [5]]
+    assert e.fields["missing"] == [5] and not e.fields["shutdown"]
+
+
+def test_a_stall_horovod_gives_up_on_is_a_collective_the_late_rank_never_issued():
+    ev = read(SHUTDOWN)
+    e = stall(ev)
+    assert e.fields["shutdown"] and e.fields["shutdown_ranks"] == [3] and e.rank == 0  # mpirun's [1,0] tag
+    v = engine.run(ev)
+    assert (v.root_cause.category, v.root_cause.culprit.ranks) == ("conditional_collective", [3])
+    assert v.status == "hung"
+    assert any("Will shutdown." in q.text for q in v.root_cause.evidence)
+
+
+def test_horovod_shut_down_after_the_warning_means_it_never_cleared():
+    v = engine.run(read(SHUT_DOWN_LATER))
+    assert (v.root_cause.category, v.root_cause.culprit.ranks) == ("conditional_collective", [5])
+
+
+def test_odd_text_never_raises():
+    for text in (
+        b"One or more tensors were submitted to be reduced\n",  # the prose cut before its list
+        b"Stalled ops: x [ready ranks: ]\n",
+        b"Missing ranks:\n99999999999: [\n",
+        b"\xff\xfe One or more tensors were submitted to be \x00",
+    ):
+        ev = Evidence()
+        horovod_log.parse(text, Source("x.log"), ev)
+        reader.read_text([text], Source("x.log"), ev)
+        engine.run(ev)
+    assert not read(b"One or more tensors were submitted to be reduced, gathered\n").events
