@@ -65,7 +65,7 @@ def claims(line: str) -> int:
     if _FINISHED.search(line):
         return 6
     if _CHECKPOINT.search(line):
-        return 5
+        return 6  # above a generic Python logging line (torch_log's 5): a save is what this line says
     return 0
 
 

@@ -128,6 +128,8 @@ def parse_lines(lines: list[tuple], src: Source, ev: Evidence) -> None:
             no, text = int(item[0]), str(item[1])
             prefix_rank = item[2] if len(item) > 2 and isinstance(item[2], int) else None
             body, tag_rank = _body(text)
+            if tag_rank is None:
+                tag_rank = prefix_rank  # the reader took mpirun's tag off already: the rank it named
             if _HEAD in body or (_HEAD_RE.search(body) and "tensors" in body):
                 _close(block, src, ev)
                 block = _Block(reporter=tag_rank)
