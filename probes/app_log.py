@@ -58,13 +58,13 @@ def line_time(text: str) -> datetime | None:
 
 def claims(line: str) -> int:
     """How surely one line is one of these (see probes/reader.py); bars are torch_log's."""
-    if _CURL.search(line):
+    if ("Operation t" in line or "Timeout was" in line) and _CURL.search(line):
         return 8
     if "it/s" in line or "s/it" in line:
         return 0
-    if _FINISHED.search(line):
+    if ("stopped" in line or "reached" in line or "Training completed" in line) and _FINISHED.search(line):
         return 6
-    if _CHECKPOINT.search(line):
+    if "heckpoint" in line and _CHECKPOINT.search(line):
         return 6  # above a generic Python logging line (torch_log's 5): a save is what this line says
     return 0
 

@@ -42,6 +42,8 @@ _PY_LOG = re.compile(
 
 def is_python_log(line: str) -> bool:
     """Is this a line printed through Python's logging (or loguru) in a common format?"""
+    if not ("," in line or " | " in line or line[:1] in "DIWEC"):  # what each of the formats needs, cheaply
+        return False
     return len(line) < 20000 and bool(_PY_LOG.search(line))
 
 

@@ -42,6 +42,9 @@ _HEADER_WORD = re.compile(r"^(?:global_)?rank$|^(?:\w+[_ ])?time(?:\(\w+\))?$|^\
 
 
 def _header(text: str) -> list[str] | None:
+    low_text = text.lower()
+    if "rank" not in low_text or "time" not in low_text:  # cheap words first: this runs on every line read
+        return None
     cols = [c for c in re.split(r"[\s|,]+", text.strip()) if c]
     if len(cols) < 2 or len(cols) > 16:
         return None
@@ -69,7 +72,12 @@ def claims(line: str) -> int:
         return 0
     if _header(line):
         return 7
-    if _RANK.search(line) and _METRIC.search(line) and not line.lstrip().startswith(("[", "#")):
+    if (
+        "ank" in line
+        and _RANK.search(line)
+        and _METRIC.search(line)
+        and not line.lstrip().startswith(("[", "#"))
+    ):
         return 5
     return 0
 

@@ -156,10 +156,21 @@ class Keeper:
         hi = len(buf) if hi is None else hi
         n = _newlines(buf, lo, hi)
         base = self.lineno
-        if len(self.head) < HEAD_LINES or n < 256:
+        if n < 256:
             self._lines(buf[lo:hi].split(b"\n")[:-1], base)
             self.lineno = base + n
             return
+        if len(self.head) < HEAD_LINES:
+            # Line by line only until the head is full; the rest of the piece takes the byte-level path below.
+            cut = lo
+            while len(self.head) < HEAD_LINES and cut < hi:
+                end = buf.find(b"\n", cut, hi) + 1 or hi
+                self._lines([buf[cut : end - 1]], self.lineno)
+                self.lineno += 1
+                cut = end
+            if cut >= hi:
+                return
+            lo, n, base = cut, n - (self.lineno - base), self.lineno
         coll = buf.count(_COLL, lo, hi)
         if coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0:
             # Nothing but collective lines: only each process's last ones can matter.
