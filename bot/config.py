@@ -33,6 +33,14 @@ def is_channel_id(value: object) -> bool:
     return isinstance(value, str) and _CHANNEL.fullmatch(value) is not None
 
 
+def int_setting(name: str, default: int) -> int:
+    """A positive whole number from the environment; the default when it is unset or not one."""
+    try:
+        return max(1, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
 class ConfigError(Exception):
     """A setting is missing or malformed: one line naming the variable."""
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import redis
 
+from hangdx.bot.config import int_setting
+
 PREFIX = "hangdx:mem:"
 SOFTWARE = {
     "conditional_collective", "collective_mismatch", "dataloader_stall", "io_stall", "user_deadlock",
@@ -38,20 +40,13 @@ _LIBRARY = re.compile(
 MAX_LISTED = 5
 
 
-def _setting(name: str, default: int) -> int:
-    try:
-        return max(1, int(os.environ.get(name, default)))
-    except ValueError:
-        return default
-
-
 def retention_days() -> int:
-    return _setting("HANGDX_MEMORY_DAYS", 90)
+    return int_setting("HANGDX_MEMORY_DAYS", 90)
 
 
 def lemon_rule() -> tuple[int, int]:
     """(incidents, days): a culprit this often within that many days is a lemon."""
-    return _setting("HANGDX_LEMON_COUNT", 3), _setting("HANGDX_LEMON_DAYS", 14)
+    return int_setting("HANGDX_LEMON_COUNT", 3), int_setting("HANGDX_LEMON_DAYS", 14)
 
 
 def signature(verdict: dict[str, Any]) -> tuple[str | None, str]:

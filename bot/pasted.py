@@ -21,12 +21,15 @@ from urllib.parse import urlparse
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
+from hangdx.bot.config import int_setting
 from hangdx.bot.request import AnalyzeRequest
 from hangdx.probes.collector import redact
 
 log = logging.getLogger("hangdx.pasted")
 MAX_FILES = 20
-MAX_BYTES = 20 << 20
+MAX_BYTES = (
+    20 << 20
+)  # the default; HANGDX_ANALYZE_MAX_MB sets it (the reader streams, so size costs time only)
 MAX_MESSAGES = 1000
 SLACK_FILE_HOSTS = ("files.slack.com",)
 TEXT_MIMETYPES = ("application/json", "application/x-yaml", "application/x-sh", "application/xml")
@@ -50,8 +53,11 @@ class Budget:
     """What one request may still read: files and bytes; and what it skipped, one line each."""
 
     files: int = MAX_FILES
-    bytes: int = MAX_BYTES
+    bytes: int = field(default_factory=lambda: int_setting("HANGDX_ANALYZE_MAX_MB", MAX_BYTES >> 20) << 20)
     skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.cap_mb = self.bytes >> 20
 
     def take(self, n: int) -> int:
         n = max(0, min(n, self.bytes))
@@ -66,7 +72,7 @@ class _Text:
         self.name, self.budget = name, budget
         allowed = budget.take(len(data))
         if allowed < len(data):
-            budget.skipped.append(f"{name}: cut at the {MAX_BYTES >> 20} MB cap")
+            budget.skipped.append(f"{name}: cut at the {budget.cap_mb} MB cap")
         self.data, self.pos = data[:allowed], 0
 
     def read(self, n: int = -1) -> bytes:
@@ -102,7 +108,7 @@ class _Download:
             return b""
         want = self.budget.bytes if n < 0 else min(n, self.budget.bytes)
         if want <= 0:
-            self.budget.skipped.append(f"{self.name}: not read past the {MAX_BYTES >> 20} MB cap")
+            self.budget.skipped.append(f"{self.name}: not read past the {self.budget.cap_mb} MB cap")
             self._close()
             return b""
         try:
@@ -221,9 +227,7 @@ def parts_of(
                 continue
             size = f.get("size")
             if isinstance(size, int) and size > budget.bytes:
-                budget.skipped.append(
-                    f"{name}: {size:,} bytes, over what the {MAX_BYTES >> 20} MB cap leaves"
-                )
+                budget.skipped.append(f"{name}: {size:,} bytes, over what the {budget.cap_mb} MB cap leaves")
                 continue
             budget.files -= 1
             parts.append((f"{name} (file)", _Download(name, url, token, budget)))

@@ -195,3 +195,17 @@ def test_a_thread_with_no_evidence_gets_one_line_saying_what_hangdx_looks_for(bo
         lambda: [c for c in slack.calls_to("chat.postMessage") if c.body.get("thread_ts") == root],
     )
     assert "found no evidence" in said[0].body["text"] and "py-spy" in said[0].body["text"]
+
+
+def test_the_byte_cap_is_a_setting_and_a_cut_says_where(monkeypatch):
+    """Uploads are streamed, so a team may raise the 20 MB cap; what passes it is said, in MB."""
+    from hangdx.bot import pasted
+
+    assert pasted.Budget().bytes == 20 << 20
+    monkeypatch.setenv("HANGDX_ANALYZE_MAX_MB", "1")
+    budget = pasted.Budget()
+    text = pasted._Text("huge.log", b"x" * (3 << 20), budget)
+    assert len(text.read()) == 1 << 20 and budget.bytes == 0
+    assert budget.skipped == ["huge.log: cut at the 1 MB cap"]
+    monkeypatch.setenv("HANGDX_ANALYZE_MAX_MB", "many")
+    assert pasted.Budget().bytes == 20 << 20  # not a number: the default
