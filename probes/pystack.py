@@ -51,7 +51,7 @@ _CORE_PID = re.compile(r"^pid: (\d{1,10}) ppid: \d{1,10}")
 _CORE_EXE = re.compile(r"^executable: (\S{1,1000}) arguments: (.{0,4000})$")
 _DIED = re.compile(r"^The process died due (?:to )?(.{1,500})$")
 _ERROR = re.compile(
-    r"^(?:\U0001f480 )?((?:Engine error|Invalid|Could not|No Python|Failed)[^\U0001f480]{0,500}?)\s*\U0001f480?\s*$"
+    r"^(?:\U0001f480 )?((?:Engine error|Invalid|Could not|No Python|Failed)[^\U0001f480]{0,500})"
 )
 # What a main thread's outermost frames are: a module run as a script or with -m, or the C start-up code.
 _MAIN_PY = ("<module>", "_run_module_as_main")
@@ -100,7 +100,7 @@ def claims(line: str) -> int:
         return 8
     if _INTERP.match(line):
         return 7
-    if "\U0001f480" in line and _ERROR.match(line.strip()):
+    if "\U0001f480" in line and len(line) < 2000 and _ERROR.match(line.strip()):
         return 7
     if "pystack" in line and _COMMAND.search(line) and len(line) < 2000:
         return 6
@@ -263,7 +263,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                 known_pid = _int(numbers[-1]) if pm.group(1) == "remote" and numbers else None
                 command = None
                 continue
-        if "\U0001f480" in line or line.startswith(("Engine error", "Could not")):
+        if ("\U0001f480" in line or line.startswith(("Engine error", "Could not"))) and len(line) < 2000:
             er = _ERROR.match(line.strip())
             if er:
                 errors.append(er.group(1).strip())
