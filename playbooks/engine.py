@@ -66,6 +66,7 @@ def playbooks() -> list[Playbook]:
         horovod,
         measured,
         nccl_logs,
+        p2p_bandwidth,
         partial,
         process_reports,
         timeline,

@@ -331,6 +331,8 @@ _SHOWN = {
     "pyspy_top": "py-spy top",
     "ps_table": "ps/top table or /proc/PID/stack",
     "horovod_log": "Horovod stall warning",
+    "pystack": "pystack dump",
+    "p2p_bandwidth": "p2pBandwidthLatencyTest output",
 }
 
 

@@ -36,6 +36,8 @@ _MODULES = [
     "pyspy_top",
     "ps_table",
     "horovod_log",
+    "pystack",
+    "p2p_bandwidth",
 ]
 
 HEAD_BYTES = 64 * 1024
