@@ -36,6 +36,8 @@ _MODULES = [
     "pyspy_top",
     "ps_table",
     "horovod_log",
+    "nvidia_smi_q",
+    "dcgmi_diag",
 ]
 
 HEAD_BYTES = 64 * 1024
