@@ -331,6 +331,8 @@ _SHOWN = {
     "pyspy_top": "py-spy top",
     "ps_table": "ps/top table or /proc/PID/stack",
     "horovod_log": "Horovod stall warning",
+    "nvidia_smi_q": "nvidia-smi -q report",
+    "dcgmi_diag": "dcgmi diag results",
 }
 
 
