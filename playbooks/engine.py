@@ -63,6 +63,7 @@ def playbooks() -> list[Playbook]:
     from hangdx.playbooks import (  # noqa: F401 - registers the playbooks
         exits,
         flowchart,
+        gpu_health,
         horovod,
         measured,
         nccl_logs,

@@ -588,6 +588,8 @@ def sequence_divergence(facts: Facts) -> Iterator[Match]:
 def gpu_fault(facts: Facts) -> Iterator[Match]:
     """Did a GPU report a hardware or driver fault (Xid, ECC, fallen off the bus)?"""
     events = facts.ev.events_of("xid", "gpu_lost", "gpu_error", "nvidia_smi_failed")
+    # nvidia-smi -q's memory errors (probes/nvidia_smi_q.py) and dcgmi diag's failed tests (probes/dcgmi_diag.py)
+    events += facts.ev.events_of("gpu_memory_error", "dcgm_diag_fail")
     if not events:
         return
     by_host: dict[str | None, list[LogEvent]] = defaultdict(list)
@@ -595,14 +597,14 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
         by_host[e.host].append(e)
     for host, evs in by_host.items():
         xids = sorted({int(e.fields["xid"]) for e in evs if isinstance(e.fields.get("xid"), int)})
-        gpus = sorted({str(e.fields.get("bus_id")) for e in evs if e.fields.get("bus_id")})
+        gpus = sorted({str(g) for e in evs if (g := e.fields.get("bus_id") or e.fields.get("gpu"))})
         severe = any(x in (48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120) for x in xids) or any(
-            e.kind in ("gpu_lost", "nvidia_smi_failed") for e in evs
+            e.kind in ("gpu_lost", "nvidia_smi_failed") or e.fields.get("severity") == "critical" for e in evs
         )
         ranks = _ranks_on_gpus(facts, host, gpus)
         meanings = []
         for e in evs:
-            m = e.fields.get("meaning")
+            m = e.fields.get("meaning") or _dcgm_meaning(e)
             if m and m not in meanings:
                 meanings.append(m)
         actions = []
@@ -616,7 +618,7 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
             Culprit(
                 ranks=ranks, hosts=[host] if host else [], gpus=[f"{host}:{g}" if host else g for g in gpus]
             ),
-            [e.quote for e in evs],
+            [e.quote for e in evs] + _dcgm_warnings(facts, host, evs),
             {
                 "host": host,
                 "xids": xids,
@@ -627,6 +629,27 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
             },
             status="hung",
         )
+
+
+def _dcgm_meaning(e: LogEvent) -> str | None:
+    """A failed dcgmi diag test in words: the test, and the warning DCGM gave for that GPU."""
+    if e.kind != "dcgm_diag_fail":
+        return None
+    warning = (e.fields.get("warnings") or [""])[0]
+    return f"dcgmi diag {e.fields.get('test') or 'check'} failed" + (
+        f": {warning.rstrip('.')}" if warning else ""
+    )
+
+
+def _dcgm_warnings(facts: Facts, host: str | None, evs: list[LogEvent]) -> list[Quote]:
+    """The first line of each warning dcgmi diag gave for the GPUs whose tests failed."""
+    failed = {(e.fields.get("test"), e.fields.get("gpu_index")) for e in evs if e.kind == "dcgm_diag_fail"}
+    return [
+        w.quote
+        for w in facts.ev.events_of("dcgm_diag_warning")
+        if w.host == host
+        and ((w.fields.get("test"), w.fields.get("gpu_index")) in failed or w.fields.get("level") == "error")
+    ]
 
 
 def _ranks_on_gpus(facts: Facts, host: str | None, bus_ids: list[str]) -> list[int]:

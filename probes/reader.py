@@ -333,6 +333,8 @@ _SHOWN = {
     "horovod_log": "Horovod stall warning",
     "pystack": "pystack dump",
     "p2p_bandwidth": "p2pBandwidthLatencyTest output",
+    "nvidia_smi_q": "nvidia-smi -q report",
+    "dcgmi_diag": "dcgmi diag results",
 }
 
 

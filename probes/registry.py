@@ -38,6 +38,8 @@ _MODULES = [
     "horovod_log",
     "pystack",
     "p2p_bandwidth",
+    "nvidia_smi_q",
+    "dcgmi_diag",
 ]
 
 HEAD_BYTES = 64 * 1024

@@ -159,6 +159,17 @@ FOUND = {
     "p2p_bandwidth/nccl_814_uniform_pcie.txt": "p2p_matrix=3",
     "p2p_bandwidth/tinygrad_44_two_gpus.txt": "p2p_matrix=3",
     "p2p_bandwidth/tinygrad_6_one_gpu_slow.txt": "p2p_matrix=1",
+    "nvidia_smi_q/q_a100_xid63_row_remap_pending.txt": "gpus=1 gpu_memory_error=1",
+    "nvidia_smi_q/q_a10_550_clean_full.txt": "gpus=1",
+    "nvidia_smi_q/q_clocks_event_reasons_sw_power_cap.txt": "",
+    "nvidia_smi_q/q_clocks_throttle_reasons_grep.txt": "",
+    "nvidia_smi_q/q_ecc_sram_uncorrectable.txt": "gpu_memory_error=1",
+    "nvidia_smi_q/q_remapped_rows_uncorrectable_pending.txt": "gpu_memory_error=1",
+    "nvidia_smi_q/q_retired_pages_pending.txt": "gpu_memory_error=1",
+    "dcgmi_diag/deployment_error_gpu3_row_remap_pending.txt": "dcgm_diag_fail=1 dcgm_diag_warning=1",
+    "dcgmi_diag/r2_gpu_memory_fail_gpu0_thermal.txt": "dcgm_diag_fail=1 dcgm_diag_warning=1",
+    "dcgmi_diag/r3_hardware_fail_gpu0_cuctxcreate.txt": "dcgm_diag_fail=3 dcgm_diag_warning=2",
+    "dcgmi_diag/r_4x_software_pass_excerpt.txt": "",
 }
 
 
