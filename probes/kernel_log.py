@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
-from hangdx.probes.text import lines, looks_binary
+from hangdx.probes.text import looks_binary, parse_by_lines
 from hangdx.probes.xid import describe, likely_cause, normalize_bus_id
 
 KIND = "kernel_log"
@@ -191,9 +191,7 @@ def sniff(head: bytes) -> int:
 
 
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
-    if looks_binary(data[:8192]):
-        return
-    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+    parse_by_lines(data, src, ev, parse_lines)
 
 
 def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
-from hangdx.probes.text import lines, looks_binary
+from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "nccl_tests"
 QUIET_WHEN_EMPTY = True
@@ -105,9 +105,7 @@ def claims(line: str) -> int:
 
 
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
-    if looks_binary(data[:8192]):
-        return
-    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+    parse_by_lines(data, src, ev, parse_lines)
 
 
 class _Run:

@@ -30,7 +30,7 @@ import re
 from typing import Any
 
 from hangdx.probes.model import Evidence, GpuState, LogEvent, Quote, Source
-from hangdx.probes.text import lines, looks_binary
+from hangdx.probes.text import looks_binary, parse_by_lines
 from hangdx.probes.xid import normalize_bus_id
 
 KIND = "nvidia_smi"
@@ -368,9 +368,7 @@ def _match(gpus: list[GpuState], same_file: list[GpuState], app: dict[str, Any])
 
 
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
-    if looks_binary(data[:8192]):
-        return
-    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+    parse_by_lines(data, src, ev, parse_lines)
 
 
 def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangdx.probes.model import Evidence, GpuState, LogEvent, Quote, Source
-from hangdx.probes.text import lines, looks_binary
+from hangdx.probes.text import looks_binary, parse_by_lines
 from hangdx.probes.xid import normalize_bus_id
 
 KIND = "nvidia_smi_q"
@@ -308,9 +308,7 @@ def _num(value: str) -> float | None:
 
 
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
-    if looks_binary(data[:8192]):
-        return
-    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+    parse_by_lines(data, src, ev, parse_lines)
 
 
 def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:

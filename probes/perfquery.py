@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, IbPort, Quote, Source
-from hangdx.probes.text import lines, looks_binary
+from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "perfquery"
 
@@ -61,9 +61,7 @@ def sniff(head: bytes) -> int:
 
 
 def parse(data: bytes, src: Source, ev: Evidence) -> None:
-    if looks_binary(data[:8192]):
-        return
-    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+    parse_by_lines(data, src, ev, parse_lines)
 
 
 def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:

@@ -38,6 +38,13 @@ def lines(data: bytes) -> list[str]:
     return [ln[:-1] if ln.endswith("\r") else ln for ln in out]
 
 
+def parse_by_lines(data: bytes, src, ev, parse_lines) -> None:
+    """A line parser's `parse`: the artifact's numbered lines to its `parse_lines`; binary input reads as nothing."""
+    if looks_binary(data[:8192]):
+        return
+    parse_lines(list(enumerate(lines(data), 1)), src, ev)
+
+
 def strip_rank_prefix(line: str) -> tuple[int | None, str]:
     """Split torchrun's `[rank3]: ` / `[default3]:` prefix from a line."""
     m = _RANK_PREFIX.match(line)
