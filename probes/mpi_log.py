@@ -79,6 +79,11 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
 
 def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
     """mpirun's reports of failed processes, as events: `mpi_rank_exit` per rank, `mpi_job_aborted` per banner."""
+
+    def exit_of(quote: Quote, rank: int, host: str | None, pid: int | None = None, **how: object) -> None:
+        fields = {"signal": None, "signal_number": None, "signal_name": None, "exit_code": None, **how}
+        ev.events.append(LogEvent("mpi_rank_exit", quote, host=host, rank=rank, pid=pid, fields=fields))
+
     pending_rank: tuple[int, int, str] | None = None  # `Process name: [[j,1],R]` waiting for its exit code
     for item in lines:
         no, text = item[0], item[1]
@@ -87,41 +92,18 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
         if m:
             sig = int(m.group(4))
             host = real_host(m.group(3)) or src.host
-            ev.events.append(
-                LogEvent(
-                    "mpi_rank_exit",
-                    quote,
-                    host=host,
-                    rank=int(m.group(1)),
-                    pid=int(m.group(2)) or None,
-                    fields={
-                        "signal": SIGNALS.get(sig, f"signal {sig}"),
-                        "signal_number": sig,
-                        "signal_name": m.group(5),
-                        "exit_code": None,
-                    },
-                )  # fmt: skip
-            )
+            exit_of(quote, int(m.group(1)), host, int(m.group(2)) or None, signal=SIGNALS.get(sig, f"signal {sig}"),
+                    signal_number=sig, signal_name=m.group(5))  # fmt: skip
             ev.note_host(host)
             continue
         m = _IMPROPER.search(text)
         if m:
-            host = real_host(m.group(3)) or src.host
-            ev.events.append(
-                LogEvent(
-                    "mpi_rank_exit",
-                    quote,
-                    host=host,
-                    rank=int(m.group(1)),
-                    pid=int(m.group(2)) or None,
-                    fields={
-                        "signal": None,
-                        "signal_number": None,
-                        "signal_name": None,
-                        "exit_code": None,
-                        "improper": True,
-                    },
-                )  # fmt: skip
+            exit_of(
+                quote,
+                int(m.group(1)),
+                real_host(m.group(3)) or src.host,
+                int(m.group(2)) or None,
+                improper=True,
             )
             continue
         m = _PRIMARY.search(text)
@@ -138,17 +120,4 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
         if m and pending_rank is not None:
             rank, pno, ptext = pending_rank
             pending_rank = None
-            ev.events.append(
-                LogEvent(
-                    "mpi_rank_exit",
-                    Quote(src.name, pno, ptext),
-                    host=src.host,
-                    rank=rank,
-                    fields={
-                        "signal": None,
-                        "signal_number": None,
-                        "signal_name": None,
-                        "exit_code": int(m.group(1)),
-                    },
-                )  # fmt: skip
-            )
+            exit_of(Quote(src.name, pno, ptext), rank, src.host, exit_code=int(m.group(1)))
