@@ -165,19 +165,30 @@ class _Parser:
                 self.fail(quote, t.name, t.group, index, warnings)
 
     def fail(self, quote: Quote, test: str, group: str, index: int | None, warnings: list[str]) -> None:
-        fields = {
-            "test": test or None,
-            "group": group or None,
-            "gpu_index": index,
-            "gpu": f"GPU {index}" if index is not None else None,
-            "warnings": warnings,
-            "severity": "critical" if group.lower() in _HARDWARE_GROUPS else "error",
-        }
-        self.event("dcgm_diag_fail", quote, fields)
+        _failed(self.ev, self.src, quote, test, group, index, warnings)
 
     def event(self, kind: str, quote: Quote, fields: dict[str, Any]) -> None:
-        fields = {k: v for k, v in fields.items() if v is not None}
-        self.ev.events.append(LogEvent(kind, quote, host=self.src.host, rank=self.src.rank, fields=fields))
+        _event(self.ev, self.src, kind, quote, fields)
+
+
+def _failed(
+    ev: Evidence, src: Source, quote: Quote, test: str, group: str, index: int | None, warnings: list[str]
+) -> None:
+    """One failed test on one GPU (or on all, when DCGM names none), with DCGM's warnings."""
+    fields = {
+        "test": test or None,
+        "group": group or None,
+        "gpu_index": index,
+        "gpu": f"GPU {index}" if index is not None else None,
+        "warnings": warnings,
+        "severity": "critical" if group.lower() in _HARDWARE_GROUPS else "error",
+    }
+    _event(ev, src, "dcgm_diag_fail", quote, fields)
+
+
+def _event(ev: Evidence, src: Source, kind: str, quote: Quote, fields: dict[str, Any]) -> None:
+    fields = {k: v for k, v in fields.items() if v is not None}
+    ev.events.append(LogEvent(kind, quote, host=src.host, rank=src.rank, fields=fields))
 
 
 def _piece(cell: str) -> str:
@@ -287,19 +298,8 @@ def _parse_json(text: str, src: Source, ev: Evidence) -> None:
                 warnings = [_json_warning(w) for w in res.get("warnings") or []]
                 warnings = [w for w in warnings if w]
                 no = _json_line(raw_lines, name, warnings)
-                fields = {
-                    "test": name or None,
-                    "group": group or None,
-                    "gpu_index": index,
-                    "gpu": f"GPU {index}" if index is not None else None,
-                    "warnings": warnings,
-                    "severity": "critical" if group.lower() in _HARDWARE_GROUPS else "error",
-                }
-                fields = {k: v for k, v in fields.items() if v is not None}
                 quote = Quote(src.name, no, raw_lines[no - 1].rstrip("\r"))
-                ev.events.append(
-                    LogEvent("dcgm_diag_fail", quote, host=src.host, rank=src.rank, fields=fields)
-                )
+                _failed(ev, src, quote, name, group, index, warnings)
 
 
 def _json_gpu(res: dict[str, Any]) -> int | None:
