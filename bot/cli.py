@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("drain", help="drain a Slurm node (scontrol update NodeName=... State=DRAIN)")
     d.add_argument("node", metavar="HOST")
     d.add_argument("--reason", required=True, help="why, kept by Slurm (e.g. 'hangdx: Xid 79 in job 4242')")
+    d.add_argument("--job", default=None, metavar="JOBID", help="refuse unless Slurm runs job JOBID on HOST")
     for name, what in (
         ("requeue", "requeue a Slurm job (scontrol requeue)"),
         ("cancel", "cancel a Slurm job"),
@@ -211,7 +212,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     import os
 
-    from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, collect, verdict_of
+    from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, collect, judge
     from hangdx.probes import bundle
 
     started = time.monotonic()
@@ -226,16 +227,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             bundle.check_destination(Path(args.save_bundle))
         except OSError as e:
             raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror or e}") from None
+    notes: list[str] = []
+    vouched: set[str] = set()
     try:
-        docs = collect(args.job_id, opts)
+        docs = collect(args.job_id, opts, notes=notes, vouched=vouched)
         if args.save_bundle:
             try:
                 bundle.save(docs, Path(args.save_bundle), args.job_id)
             except OSError as e:
                 raise UsageError(f"cannot write bundle to {args.save_bundle}: {e.strerror or e}") from None
-        verdict = verdict_of(docs, args.job_id)
+        verdict = judge(docs, args.job_id, vouched, notes)
     except DiagnosisError as e:
         raise UsageError(str(e)) from None
+    verdict.notes = notes + verdict.notes
     verdict.elapsed_seconds = time.monotonic() - started
     _print(verdict, args.json, args.verbose)
     return 0
@@ -361,7 +365,7 @@ def cmd_slurm_action(args: argparse.Namespace) -> int:
 
     try:
         if args.command == "drain":
-            said = slurm_actions.drain(args.node, args.reason)
+            said = slurm_actions.drain(args.node, args.reason, job=args.job)
         elif args.command == "requeue":
             said = slurm_actions.requeue(args.job_id)
         else:

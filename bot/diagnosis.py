@@ -61,24 +61,59 @@ def _hosts_how(hosts: list[str]) -> str:
 
 
 def collect(
-    job_id: str, opts: DiagnoseOptions, progress: Progress | None = None, notes: list[str] | None = None
+    job_id: str,
+    opts: DiagnoseOptions,
+    progress: Progress | None = None,
+    notes: list[str] | None = None,
+    vouched: set[str] | None = None,
 ) -> list[dict]:
     """Collector documents, one per host, for the job; progress(done, total) as hosts report; `notes` gets how
-    the hosts were chosen when that is worth saying in the verdict."""
+    the hosts were chosen when that is worth saying in the verdict; `vouched` gets the hosts the resolver (the
+    scheduler, the inventory, the user's --hosts) says the job runs on, never those only an alert named."""
     check_job_id(job_id)
     if not 1 <= opts.samples <= 20:
         raise DiagnosisError("samples: 1 to 20")
     how = check_resolver(opts.how)
     interval = max(0.0, opts.interval)
     if how == "local" and opts.hint_hosts:
-        # This machine knows no other node: the nodes the alert named are the only ones to probe.
+        # This machine knows no other node: the nodes the alert named are the only ones to probe, and nobody
+        # vouches for them (a probe that finds the job's processes there does).
         how = _hosts_how(opts.hint_hosts)
+        vouched = None
     if how == "local":
         docs = collect_local(job_id, samples=opts.samples, interval=interval)
         if progress is not None:
             progress(1, 1)
         return docs
-    return _collect_remote(job_id, how, opts, interval, progress, notes)
+    return _collect_remote(job_id, how, opts, interval, progress, notes, vouched)
+
+
+def job_hosts(docs: list[dict], vouched: set[str]) -> set[str]:
+    """The hosts a verdict may name as culprits: those the resolver vouched for and those whose probe found the
+    job's processes, never one whose name does not resolve."""
+    probed = {
+        d.get("host")
+        for d in docs
+        if not d.get("problem")
+        and any(a.get("kind") in ("procstate", "pyspy") for a in d.get("artifacts") or [])
+    }
+    unresolved = {d.get("host") for d in docs if (d.get("problem") or {}).get("kind") == "dns"}
+    return {h for h in (vouched | probed) - unresolved if isinstance(h, str) and h}
+
+
+def judge(docs: list[dict], job_id: str, vouched: set[str], notes: list[str]) -> Verdict:
+    """The verdict of a live diagnosis, its culprit hosts confined to the job's hosts (`notes` says who was
+    left out)."""
+    verdict = verdict_of(docs, job_id)
+    dropped = verdict.confine_hosts(job_hosts(docs, vouched))
+    if dropped:
+        from hangdx.playbooks.wording import name_set
+
+        notes.append(
+            f"{name_set(dropped)}: named by the evidence or an alert but not a verified host of this job (not "
+            "listed by the resolver, not probed, or not resolvable): not a culprit, and nothing is offered for it"
+        )
+    return verdict
 
 
 def verdict_of(docs: list[dict], job_id: str) -> Verdict:
@@ -95,8 +130,9 @@ def diagnose(
     """The verdict and the raw documents it came from (a bundle to keep)."""
     started = time.monotonic()
     notes: list[str] = []
-    docs = collect(job_id, opts, progress, notes)
-    verdict = verdict_of(docs, job_id)
+    vouched: set[str] = set()
+    docs = collect(job_id, opts, progress, notes, vouched)
+    verdict = judge(docs, job_id, vouched, notes)
     if opts.hint_hosts:
         from hangdx.playbooks.wording import name_set
 
@@ -125,7 +161,11 @@ def analyze_texts(parts: list[tuple[str, BinaryIO]]) -> Verdict:
 
 
 def ssh_targets(
-    job_id: str | None, how: str, opts: DiagnoseOptions, notes: list[str] | None = None
+    job_id: str | None,
+    how: str,
+    opts: DiagnoseOptions,
+    notes: list[str] | None = None,
+    vouched: set[str] | None = None,
 ) -> tuple[list[HostSpec], SshSettings]:
     """The hosts to reach and how: the job's hosts (job_id None: every host of an inventory's jobs) and the
     SSH settings (the flags over the inventory's `ssh:` section over the defaults), the nodes an alert named
@@ -137,6 +177,8 @@ def ssh_targets(
     try:
         try:
             hosts, overrides = resolve.resolve_with_settings(job_id, how)
+            if vouched is not None:
+                vouched.update(h.name for h in hosts)
         except (HostError, resolve.ResolveError) as e:
             if not opts.hint_hosts:
                 raise
@@ -179,10 +221,11 @@ def _collect_remote(
     interval: float,
     progress: Progress | None = None,
     notes: list[str] | None = None,
+    vouched: set[str] | None = None,
 ) -> list[dict]:
     from hangdx.probes import ssh
 
-    hosts, settings = ssh_targets(job_id, how, opts, notes)
+    hosts, settings = ssh_targets(job_id, how, opts, notes, vouched)
     if progress is not None:
         progress(0, len(hosts))
     return ssh.fan_out(hosts, settings, job_id, samples=opts.samples, interval=interval, progress=progress)

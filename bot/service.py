@@ -218,6 +218,8 @@ class Service:
         from hangdx.bot import slurm_actions
 
         try:
+            if action == "drain":
+                _check_culprit(self.store.get(job_id), node)
             said = slurm_actions.run(action, job_id, node, user)
             ok = True
         except slurm_actions.ActionError as e:
@@ -282,6 +284,19 @@ class Service:
             log.warning("files_upload_v2 of the stacks of job %s failed: %s", job, err)
             text = mrkdwn("Could not upload the stacks of job {job}: {err}", job=job, err=str(err)[:200])
             _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=text)
+
+
+def _check_culprit(inc: Incident | None, node: str | None) -> None:
+    """A node is drained from Slack only when the incident's latest verdict names it as a culprit host of its
+    root cause (the hosts its Drain buttons show; hosts of the job, bot/diagnosis.py): a button's value is the
+    presser's to forge."""
+    from hangdx.bot.slurm_actions import ActionError
+
+    root = ((inc.latest_verdict if inc else None) or {}).get("root_cause") or {}
+    if node not in ((root.get("culprit") or {}).get("hosts") or []):
+        raise ActionError(
+            f"{str(node)[:80]!r} is not a culprit host of this incident's latest verdict: not drained"
+        )
 
 
 class SlackNotifier:

@@ -89,6 +89,25 @@ class Verdict:
     def root_cause(self) -> Finding | None:
         return self.findings[0] if self.findings else None
 
+    def confine_hosts(self, job_hosts: set[str]) -> list[str]:
+        """Keep as culprits only hosts of the job (a name the evidence printed is matched to the job's host of
+        the same short name, and becomes that name); return the names left out. A log can print any name (a
+        shell prompt, a node the job never ran on); only the job's own hosts may be acted on."""
+        by_short: dict[str, str] = {}
+        for h in sorted(job_hosts):
+            by_short.setdefault(h.split(".")[0].lower(), h)
+        dropped: list[str] = []
+        for f in self.findings:
+            kept: list[str] = []
+            for h in f.culprit.hosts:
+                mine = h if h in job_hosts else by_short.get(str(h).split(".")[0].lower())
+                if mine is None:
+                    dropped.append(h)
+                elif mine not in kept:
+                    kept.append(mine)
+            f.culprit.hosts = kept
+        return list(dict.fromkeys(dropped))
+
     def to_dict(self) -> dict[str, Any]:
         rc = self.root_cause
         return {

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hangdx.bot.render import culprit_text
+from hangdx.bot.slurm_actions import looks_like_node
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.collector import redact
 
@@ -155,14 +156,13 @@ def _slurm_block(job_id: str, hosts: list[str]) -> dict[str, Any] | None:
     if not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
         return None  # not a Slurm job id: nothing Slurm can act on
     buttons = []
-    for host in hosts[:3]:
-        if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,100}", host):
-            buttons.append({
-                "type": "button", "action_id": ACTION_PREFIX + "drain", "style": "danger",
-                "text": _plain(f"Drain {host}", 75), "value": f"{job_id}|{host}",
-                "confirm": _confirm(f"Drain {host}?", f"No new job will start on *{host}* until someone resumes it "
-                                    "(`scontrol update NodeName=… State=RESUME`).", "Drain"),
-            })  # fmt: skip
+    for host in [h for h in hosts if len(h) <= 100 and looks_like_node(h)][:3]:  # never `all`: every node
+        buttons.append({
+            "type": "button", "action_id": ACTION_PREFIX + "drain", "style": "danger",
+            "text": _plain(f"Drain {host}", 75), "value": f"{job_id}|{host}",
+            "confirm": _confirm(f"Drain {host}?", f"No new job will start on *{host}* until someone resumes it "
+                                "(`scontrol update NodeName=… State=RESUME`).", "Drain"),
+        })  # fmt: skip
     for action, label, what in (
         ("requeue", "Requeue job", "put back in the queue"),
         ("cancel", "Cancel job", "ended"),

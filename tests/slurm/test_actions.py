@@ -65,6 +65,9 @@ def test_drain_and_requeue_from_slack_only_for_allowed_users(cluster, redis_url)
         service = Service(cfg, client=slack_client(cfg))
         service.store.open_or_join(DiagnoseRequest(job, "alert", "alertmanager", channel=CHANNEL))
         service.store.set_thread(job, CHANNEL, THREAD)
+        culprit = {"ranks": [0], "hosts": [cluster.host], "gpus": [], "links": []}
+        root = {"category": "gpu_fault", "summary": "s", "confidence": 0.9, "culprit": culprit, "fix": "f"}
+        service.store.add_verdict(job, {"job_id": job, "status": "hung", "root_cause": root, "findings": []})
         _, flask_app = build_app(cfg, service.submit, service.on_action, store=service.store, act=service.act)
         server = make_server("127.0.0.1", 0, flask_app, threaded=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -86,16 +89,27 @@ def test_drain_and_requeue_from_slack_only_for_allowed_users(cluster, redis_url)
             assert bot.wait(lambda: any("requeue" in (t or "") for t in said()), timeout=30), (said(), eph())
             assert "could not" not in said()[-1], said()
             cluster.wait_state(job, {"PENDING", "REQUEUED", "REQUEUE_HOLD"}, timeout=30)  # pending again
+            # A forged button value: `all` (Slurm's every node) or a node the verdict does not name.
+            for forged in ("all", "ALL", "gpu-node-victim"):
+                assert _press(bot, "drain", f"{job}|{forged}", ONCALL).status_code == 200
+                assert bot.wait(
+                    lambda f=forged: any(f"'{f}' is not a culprit host" in (t or "") for t in said())
+                )
+            time.sleep(0.5)
+            assert "drain" not in _node_state(cluster)
             assert _press(bot, "drain", f"{job}|{cluster.host}", ONCALL).status_code == 200
             assert bot.wait(lambda: "drain" in _node_state(cluster), timeout=20), _node_state(cluster)
             reason = cluster.run("sinfo", "-h", "-R", "-n", cluster.host, "-o", "%E").stdout
             assert f"hangdx: job {job}, drained by {ONCALL}" in reason
             assert bot.wait(
                 lambda: (
-                    sum("drained" in c.body.get("text", "") for c in slack.calls_to("chat.postMessage")) == 1
+                    sum("node" in c.body.get("text", "") and " drained (reason" in c.body.get("text", "")
+                        for c in slack.calls_to("chat.postMessage")) == 1
                 )
+            )  # fmt: skip
+            said = next(
+                c for c in slack.calls_to("chat.postMessage") if " drained (reason" in c.body.get("text", "")
             )
-            said = next(c for c in slack.calls_to("chat.postMessage") if "drained" in c.body.get("text", ""))
             assert said.body["thread_ts"] == THREAD and said.body["text"].startswith(
                 f"<@{ONCALL}>: drain: node "
             )
@@ -119,3 +133,22 @@ def test_the_command_line_cancels_and_refuses_what_is_not_a_job_or_a_node(cluste
         slurm_actions.drain("-oops", "x")
     with pytest.raises(slurm_actions.ActionError, match="is not a"):
         slurm_actions.requeue("123; reboot")
+
+
+def test_the_command_line_never_drains_a_keyword_or_a_node_slurm_does_not_list(cluster):  # noqa: F811
+    # `scontrol update NodeName=all State=DRAIN` drains every node: `all` is refused in one line, whatever its case.
+    for target in ("all", "ALL", "All", "default", "gpu-node-victim"):
+        r = subprocess.run([sys.executable, "-m", "hangdx", "drain", target, "--reason", "x"], env=cluster.env,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 2 and r.stdout == "", (target, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and target in r.stderr and "Traceback" not in r.stderr
+        assert "drain" not in _node_state(cluster)
+    job = _sleeper(cluster)
+    try:
+        r = subprocess.run([sys.executable, "-m", "hangdx", "drain", cluster.host, "--reason", "hangdx test",
+                            "--job", job], env=cluster.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 0 and r.stdout.startswith(f"node {cluster.host} drained"), r.stderr
+        assert "drain" in _node_state(cluster)
+    finally:
+        cluster.run("scontrol", "update", f"NodeName={cluster.host}", "State=RESUME", check=False)
+        cluster.run("scancel", job, check=False)
