@@ -70,6 +70,10 @@ _DUMP_EXTENSIONS = (".pkl", ".pickle", ".json", ".bin", ".pt")
 # refused past EXPANSION times its size plus EXPANSION_SLACK, before anything reads it.
 EXPANSION = 32
 EXPANSION_SLACK = 1 << 20
+# Flight Recorder keeps a ring of TORCH_FR_BUFFER_SIZE entries (2,000 by default); a dump with more than ten times
+# that was not written by it. The newest are kept (the hang is at the end), the older ones counted.
+MAX_ENTRIES = 20_000
+LEFT_OUT = "_hangdx_entries_left_out"  # set on a decoded dump whose older entries were left out
 MAX_STR = 1024  # a name, state or dtype longer than this is cut (it is quoted in every entry's line)
 MAX_DIMS = 64  # a shape with more dimensions has no element count (the product would grow without bound)
 _INT64 = 1 << 63
@@ -136,9 +140,13 @@ def load(data: bytes) -> tuple[Any, str | None]:
                 None,
                 f"refused pickle: its {len(data)} bytes unpack to more than {budget} objects/characters",
             )
-        return obj, None
+        return _trim(obj), None
     try:
-        return json.loads(data.decode("utf-8", errors="strict")), None
+        if len(data) > IN_PROCESS:
+            return _in_child(data, "json"), None
+        return _json_dump(data.decode("utf-8", errors="strict")), None
+    except Refused as e:
+        return None, f"refused JSON: {e}"
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         what = (
             "JSON that does not parse (cut short?)"
@@ -165,6 +173,12 @@ class Refused(Exception):
 def _unpickle(data: bytes) -> Any:
     if len(data) <= IN_PROCESS:
         return _PlainDataUnpickler(io.BytesIO(data)).load()
+    return _in_child(data, "pickle")
+
+
+def _in_child(data: bytes, fmt: str) -> Any:
+    """Decode a big dump (pickle or JSON) in a child process whose memory and CPU time are capped; its entries
+    come back trimmed to MAX_ENTRIES, as marshal data."""
     import marshal
     import subprocess
     import sys
@@ -172,31 +186,35 @@ def _unpickle(data: bytes) -> Any:
     code = "from hangdx.probes.flight_recorder import _child; _child()"
     try:
         r = subprocess.run(
-            [sys.executable, "-c", code, str(CHILD_MEMORY), str(CHILD_CPU_SECONDS)],
+            [sys.executable, "-c", code, str(CHILD_MEMORY), str(CHILD_CPU_SECONDS), fmt],
             input=data,
             capture_output=True,
             timeout=CHILD_CPU_SECONDS + 10,
         )
     except subprocess.TimeoutExpired:
-        raise Refused(f"unpickling took over {CHILD_CPU_SECONDS} s") from None
+        raise Refused(f"decoding took over {CHILD_CPU_SECONDS} s") from None
     if r.returncode == 0:
         return marshal.loads(r.stdout)
     why = r.stderr.decode("utf-8", "replace").strip().splitlines()
     if r.returncode in (3, -9, -24) or not why:  # MemoryError, killed at the memory or CPU limit
         allowed = min(CHILD_MEMORY, CHILD_PER_BYTE * len(data) + CHILD_SLACK) >> 20
         raise Refused(
-            f"its {len(data):,} bytes need more than {allowed} MB or {CHILD_CPU_SECONDS} s to unpickle"
+            f"its {len(data):,} bytes need more than {allowed} MB or {CHILD_CPU_SECONDS} s to decode"
         )
+    if fmt == "json":
+        raise ValueError(why[-1][:200])
     raise pickle.UnpicklingError(why[-1][:200])
 
 
 def _child() -> None:
-    """In the child: limits first, then unpickle standard input and write it back as marshal data."""
+    """In the child: limits first, then decode standard input (pickle or JSON), trim its entries and write it
+    back as marshal data."""
     import marshal
     import resource
     import sys
 
     memory, cpu = int(sys.argv[1]), int(sys.argv[2])
+    fmt = sys.argv[3] if len(sys.argv) > 3 else "pickle"
     data = sys.stdin.buffer.read()
     with open("/proc/self/status") as f:
         base = next((int(x.split()[1]) << 10 for x in f if x.startswith("VmSize:")), 0)
@@ -204,7 +222,10 @@ def _child() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     try:
-        obj = _PlainDataUnpickler(io.BytesIO(data)).load()
+        if fmt == "json":
+            obj = _json_dump(data.decode("utf-8", errors="strict"))
+        else:
+            obj = _trim(_PlainDataUnpickler(io.BytesIO(data)).load())
     except MemoryError:
         sys.exit(3)
     except Exception as e:  # noqa: BLE001 - said in one line to the parent
@@ -221,6 +242,79 @@ def _child() -> None:
         sys.stderr.write(f"{type(e).__name__}: {_short(e)}\n")
         sys.exit(4)
     sys.stdout.buffer.write(out)
+
+
+def _trim(obj: Any) -> Any:
+    """A decoded dump with only its newest MAX_ENTRIES entries; how many were left out under LEFT_OUT."""
+    if isinstance(obj, list) and len(obj) > MAX_ENTRIES:  # the first format: a bare list of entries
+        obj = {"entries": obj[-MAX_ENTRIES:], LEFT_OUT: len(obj) - MAX_ENTRIES}
+    elif isinstance(obj, dict) and isinstance(obj.get("entries"), list) and len(obj["entries"]) > MAX_ENTRIES:
+        obj[LEFT_OUT] = len(obj["entries"]) - MAX_ENTRIES
+        obj["entries"] = obj["entries"][-MAX_ENTRIES:]
+    return obj
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _json_dump(text: str) -> Any:
+    """json.loads for a dump, but an array of entries (top level, or under "entries") is decoded one element at a
+    time and only its newest MAX_ENTRIES are held: a million `{}` cost what 20,000 do."""
+    dec = json.JSONDecoder()
+    i = _WS.match(text, 0).end()
+    if text.startswith("[", i):
+        entries, left_out, i = _json_array(dec, text, i)
+        obj: Any = {"entries": entries, LEFT_OUT: left_out} if left_out else entries
+    elif text.startswith("{", i):
+        obj, i = {}, _WS.match(text, i + 1).end()
+        while not text.startswith("}", i):
+            key, i = dec.raw_decode(text, i)
+            i = _WS.match(text, i).end()
+            if not isinstance(key, str) or not text.startswith(":", i):
+                raise ValueError(f"expected a key and ':' at character {i}")
+            i = _WS.match(text, i + 1).end()
+            if key == "entries" and text.startswith("[", i):
+                entries, left_out, i = _json_array(dec, text, i)
+                obj["entries"] = entries
+                if left_out:
+                    obj[LEFT_OUT] = left_out
+            else:
+                obj[key], i = dec.raw_decode(text, i)
+            i = _WS.match(text, i).end()
+            if text.startswith(",", i):
+                i = _WS.match(text, i + 1).end()
+                if text.startswith("}", i):
+                    raise ValueError(f"trailing comma at character {i}")
+            elif not text.startswith("}", i):
+                raise ValueError(f"expected ',' or '}}' at character {i}")
+        i += 1
+    else:
+        obj, i = dec.raw_decode(text, i)
+    if _WS.match(text, i).end() != len(text):
+        raise ValueError(f"extra data at character {i}")
+    return obj
+
+
+def _json_array(dec: json.JSONDecoder, text: str, i: int) -> tuple[list, int, int]:
+    """The newest MAX_ENTRIES elements of the JSON array at text[i] ('['), how many older ones were dropped, and
+    the index after its ']'."""
+    import collections
+
+    kept: collections.deque = collections.deque(maxlen=MAX_ENTRIES)
+    seen = 0
+    i = _WS.match(text, i + 1).end()
+    while not text.startswith("]", i):
+        value, i = dec.raw_decode(text, i)
+        kept.append(value)
+        seen += 1
+        i = _WS.match(text, i).end()
+        if text.startswith(",", i):
+            i = _WS.match(text, i + 1).end()
+            if text.startswith("]", i):
+                raise ValueError(f"trailing comma at character {i}")
+        elif not text.startswith("]", i):
+            raise ValueError(f"expected ',' or ']' at character {i}")
+    return list(kept), seen - len(kept), i + 1
 
 
 def _short(e: Exception) -> str:
@@ -288,6 +382,13 @@ def _parse(data: bytes, src: Source, ev: Evidence) -> None:
             pg_names.setdefault(str(_int(e.get("pg_id"))), rec.pg)
     if bad:
         ev.gap(src.name, f"{bad} Flight Recorder entries are not dicts: skipped")
+    left_out = _int(dump.get(LEFT_OUT)) if isinstance(dump, dict) else None
+    if left_out:
+        ev.gap(
+            src.name,
+            f"{left_out:,} older Flight Recorder entries left out: only the newest {MAX_ENTRIES:,} are read "
+            "(Flight Recorder itself keeps TORCH_FR_BUFFER_SIZE, 2,000 by default)",
+        )
     ev.collectives.extend(records)
 
     pg_status = _pg_status(dump.get("pg_status"))

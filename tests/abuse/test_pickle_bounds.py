@@ -60,3 +60,38 @@ def test_a_real_sized_dump_still_loads():
     obj, why = fr.load(data)
     assert why is None and len(obj["entries"]) == 3000 and obj["entries"][5]["collective_seq_id"] == 5
     assert time.monotonic() - t < 10
+
+
+def test_a_json_dump_of_millions_of_entries_keeps_only_the_newest_in_bounded_memory():
+    # Hardening 21.3: `{"version":"2.4",...,"entries":[{},{},...]}` of 8 MiB took 1.5 GB and 30-60 s; a job's own
+    # user can plant it as TORCH_FR_DUMP_TEMP_FILE.
+    n = 8 * 1024 * 1024 // 3
+    data = b'{"version":"2.4","pg_config":{},"pg_status":{},"entries":[' + b",".join([b"{}"] * n) + b"]}"
+    got = _load_in_a_fresh_process(data)
+    assert got["ok"] and got["why"] is None, got
+    assert got["self_mb"] < 3 * 8 + 160 and got["child_mb"] < 16 * 8 + 64 + 120, got
+    obj, why = fr.load(data)
+    assert why is None and len(obj["entries"]) == fr.MAX_ENTRIES and obj[fr.LEFT_OUT] == n - fr.MAX_ENTRIES
+
+
+def test_the_newest_entries_of_a_long_json_dump_are_the_ones_read():
+    from hangdx.probes.model import Evidence, Source
+
+    entries = [{"profiling_name": "gloo:all_reduce", "collective_seq_id": i, "state": "completed"}
+               for i in range(fr.MAX_ENTRIES + 500)]  # fmt: skip
+    entries[-1]["state"] = "scheduled"
+    data = json.dumps(
+        {"version": "2.4", "rank": 3, "pg_config": {}, "pg_status": {}, "entries": entries}
+    ).encode()
+    ev = Evidence()
+    fr.parse(data, Source("dump.json"), ev)
+    seqs = [c.seq for c in ev.collectives]
+    assert len(seqs) == fr.MAX_ENTRIES and seqs[0] == 500 and seqs[-1] == fr.MAX_ENTRIES + 499
+    assert any("500 older Flight Recorder entries left out" in g.message for g in ev.gaps)
+    assert ev.collectives[-1].state == "scheduled" and ev.collectives[-1].rank == 3
+
+
+def test_malformed_json_dumps_are_still_refused_as_json_loads_would():
+    for bad in (b'{"entries":[{},]}', b'{"a":1,}', b'{"entries":[1,2', b'{"entries":[]} x', b'{"a" 1}'):
+        obj, why = fr.load(bad)
+        assert obj is None and why.startswith("JSON that does not parse"), (bad, why)
