@@ -32,6 +32,8 @@ SUITES = {
         "tests/core/test_bad_input.py",
         "tests/bot/test_slack_app.py",
         "tests/ssh/test_ssh.py",
+        "tests/bot/test_culprit_hosts.py",  # 21.1-2, 12: a name a log or an alert printed is never acted on
+        "tests/slurm/test_actions.py",  # 21.1: `drain all` and forged drain buttons
     ],
 }
 
