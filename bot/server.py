@@ -47,9 +47,7 @@ def serve(
         scheduler.start()
         log.info("hand-off posts daily at %s UTC in %s", config.handoff_time, config.handoff_channel)
     if config.app_token:
-        from slack_bolt.adapter.socket_mode import SocketModeHandler
-
-        SocketModeHandler(app, config.app_token).connect()
+        _socket_mode(app, config.app_token)
     server = http_server(flask_app, host, port)
     log.info("hangdx serving on http://%s:%d", host, server.effective_port)
     try:
@@ -57,7 +55,33 @@ def serve(
     finally:
         if scheduler is not None:
             scheduler.stop()
+        link = getattr(app, "hangdx_link", None)
+        if link is not None:
+            link.stop()
         server.close()
+
+
+def _socket_mode(app, app_token: str) -> None:
+    """Connect Socket Mode; when Slack does not answer, keep trying in the background (the HTTP routes, /alerts
+    among them, serve meanwhile)."""
+    import threading
+
+    from slack_bolt.adapter.socket_mode import SocketModeHandler
+
+    def connect() -> None:
+        delay = 1.0
+        while True:
+            try:
+                SocketModeHandler(app, app_token).connect()
+                return
+            except Exception as e:  # noqa: BLE001 - refused, rate-limited, unreachable: all retried
+                log.warning(
+                    "Slack Socket Mode: %s; retrying in %.0f s", " ".join(str(e).split())[:200], delay
+                )
+                threading.Event().wait(delay)
+                delay = min(delay * 2, 60.0)
+
+    threading.Thread(target=connect, name="hangdx-socket-mode", daemon=True).start()
 
 
 # The HTTP server: waitress, a production WSGI server (werkzeug's is for development: a thread per connection and

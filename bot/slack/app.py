@@ -25,6 +25,7 @@ from hangdx.bot.config import BotConfig
 from hangdx.bot.incidents import IncidentStore
 from hangdx.bot.slack import actions, commands, http, mentions, shortcuts, views
 from hangdx.bot.slack.common import OnAction, Report, Submit, SubmitAnalysis, Surfaces, one_line
+from hangdx.bot.slack.link import SlackLink
 
 log = logging.getLogger("hangdx.bot")
 
@@ -61,6 +62,9 @@ def build_app(
         # Listeners only ack and hand work to Surfaces.background; a pool larger than Bolt's 5 keeps a burst
         # of requests from waiting for a listener thread past Slack's 3 seconds.
         listener_executor=ThreadPoolExecutor(max_workers=32, thread_name_prefix="hangdx-bolt"),
+        # Not at start: a Slack outage then would end `hangdx serve` and /alerts with it (SlackLink asks instead,
+        # and Bolt asks again with the first Slack request).
+        token_verification_enabled=False,
     )
     app.error(_on_error)
     surfaces = Surfaces(
@@ -68,7 +72,9 @@ def build_app(
     )
     for surface in (commands, mentions, actions, shortcuts, views):
         surface.register(app, surfaces)
-    return app, _flask_app(app, config, submit, store, health, socket_mode)
+    link = SlackLink(client).start()
+    app.hangdx_link = link  # type: ignore[attr-defined]  (serve stops it)
+    return app, _flask_app(app, config, submit, store, health, socket_mode, link)
 
 
 def _on_error(error, request, response):
@@ -88,7 +94,7 @@ def _on_error(error, request, response):
     return None
 
 
-def _flask_app(app, config, submit, store, health, socket_mode: bool) -> Flask:
+def _flask_app(app, config, submit, store, health, socket_mode: bool, link: SlackLink) -> Flask:
     flask_app = Flask("hangdx")
     flask_app.config["MAX_CONTENT_LENGTH"] = alerts.MAX_ALERT_BYTES
 
@@ -104,9 +110,12 @@ def _flask_app(app, config, submit, store, health, socket_mode: bool) -> Flask:
 
     @flask_app.get("/healthz")
     def healthz():
-        # Always 200 while serve answers (Kubernetes' liveness probe must not restart it during a Redis
-        # outage); "redis" says whether incidents and the queue are reachable.
-        return jsonify({"ok": True, **({"redis": health().get("redis")} if health else {})})
+        # Always 200 while serve answers (Kubernetes' liveness probe must not restart it during a Redis or Slack
+        # outage); "redis" says whether incidents and the queue are reachable, "slack" whether Slack takes the
+        # bot token.
+        return jsonify(
+            {"ok": True, **({"redis": health().get("redis")} if health else {}), "slack": link.state}
+        )
 
     alerts.register(flask_app, config, submit)
     return flask_app
