@@ -7,6 +7,7 @@ collector brought them, so that `hangdx analyze DIR` reads exactly what the live
 from __future__ import annotations
 
 import collections
+import errno
 import io
 import json
 import os
@@ -100,23 +101,73 @@ class BundleRefused(OSError):
 def check_destination(root: Path) -> None:
     """Refuse a path through a link another user owns (root could be made to write anywhere), and a bundle
     folder that exists but is not this user's own: a link, a file, someone else's folder, or a folder with
-    other things in it."""
+    other things in it. Said early (before probing); the writer checks again on what it opened."""
+    try:
+        fd = open_folder(root, create=False)
+    except FileNotFoundError:
+        return
+    try:
+        _check_own(fd, root)
+    finally:
+        os.close(fd)
+
+
+_MAX_HOPS = 40  # links followed in one path (the kernel's own limit)
+
+
+def open_folder(path: Path, create: bool) -> int:
+    """A descriptor of folder `path`, reached one name at a time from / (or the working folder) with
+    openat(O_NOFOLLOW | O_DIRECTORY): a link on the way is followed only when root or this user owns it (its
+    target walked the same way), never the last name. Nothing is looked up twice, so a folder swapped for a
+    link while hangdx walks cannot redirect it. `create`: make the last folder (0700) when missing."""
     me = os.geteuid()
-    here = Path(root.anchor or ".")
-    for part in root.parts[1:] if root.is_absolute() else root.parts:
-        here = here / part
-        try:
-            st = os.lstat(here)
-        except FileNotFoundError:
-            return
-        if stat.S_ISLNK(st.st_mode) and (here == root or st.st_uid not in (0, me)):
-            raise BundleRefused(f"{here} is a symbolic link: hangdx writes a bundle only into a real folder")
-    st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode):
-        raise BundleRefused(f"{root} exists and is not a folder")
-    if st.st_uid != me:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    names = [str(p) for p in (path.parts[1:] if path.is_absolute() else path.parts)]
+    fd = os.open("/" if path.is_absolute() else ".", flags)
+    where = Path(path.anchor or ".")
+    hops = 0
+    try:
+        while names:
+            name = names.pop(0)
+            last = not names
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not (last and create):
+                    raise
+                os.mkdir(name, 0o700, dir_fd=fd)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            here = where / name
+            if stat.S_ISLNK(st.st_mode):
+                if last or st.st_uid not in (0, me):
+                    raise BundleRefused(
+                        f"{here} is a symbolic link: hangdx writes a bundle only into a real folder"
+                    )
+                hops += 1
+                if hops > _MAX_HOPS:
+                    raise BundleRefused(f"{path}: too many symbolic links on the way")
+                target = Path(os.readlink(name, dir_fd=fd))
+                names[:0] = [str(p) for p in (target.parts[1:] if target.is_absolute() else target.parts)]
+                if target.is_absolute():
+                    os.close(fd)
+                    fd = os.open("/", flags)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise BundleRefused(f"{here} exists and is not a folder")
+            nxt = os.open(name, flags, dir_fd=fd)  # O_NOFOLLOW: a link swapped in since the stat is refused
+            os.close(fd)
+            fd, where = nxt, here
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_own(fd: int, root: Path) -> None:
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
         raise BundleRefused(f"{root} belongs to another user (uid {st.st_uid}): give a new folder")
-    names = set(os.listdir(root))
+    names = set(os.listdir(fd))
     if names and MANIFEST not in names:
         raise BundleRefused(f"{root} is not empty and holds no hangdx bundle: give a new folder")
 
@@ -126,13 +177,18 @@ class _Writer:
     directory descriptors, never following a link."""
 
     def __init__(self, root: Path) -> None:
-        check_destination(root)
         try:
-            os.mkdir(root, 0o700)
-        except FileExistsError:
-            pass
-        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        os.fchmod(self.fd, 0o700)
+            self.fd = open_folder(root, create=True)
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a link swapped in between the stat and the open
+                raise BundleRefused(f"{root}: a folder on the way became a symbolic link") from None
+            raise
+        try:
+            _check_own(self.fd, root)
+            os.fchmod(self.fd, 0o700)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.dirs: dict[str, int] = {}
 
     def folder(self, name: str) -> int:

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -87,3 +88,48 @@ def test_a_bundle_is_private_and_can_be_saved_again(tmp_path):
     assert (root / "node1" / "rank0.log").read_text() == "second run\n"
     ev = bundle.evidence_from_paths([str(root)])
     assert ev.job_id == "j"
+
+
+SWAPPER = """
+import os, sys, time
+parent, target, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+real, link = parent + ".real", parent + ".link"
+while not os.path.exists(stop):
+    os.symlink(target, link)
+    os.lchown(link, 65534, 65534)  # the attacker's own link, put in place whole
+    os.rename(parent, real)
+    os.rename(link, parent)
+    time.sleep(0.0003)
+    os.unlink(parent)
+    os.rename(real, parent)
+    time.sleep(0.0003)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a link another user owns")
+def test_a_parent_swapped_for_a_link_while_root_saves_never_lands_a_bundle_in_roots_folder(tmp_path):
+    # Hardening 21.16: check-then-use. Another user swaps a parent folder of the bundle path for a link to a
+    # folder of root's while root saves: 46 of 3,000 saves landed there before the path was walked by descriptor.
+    roots = tmp_path / "roots"
+    roots.mkdir(mode=0o700)
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "p").mkdir()
+    stop = tmp_path / "stop"
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(users / "p"), str(roots), str(stop)])
+    saved = refused = 0
+    try:
+        end = time.monotonic() + 3  # some 20,000 saves: the unwalked path lost several every run
+        i = 0
+        while time.monotonic() < end:
+            i += 1
+            try:
+                bundle.save([DOC], users / "p" / f"b{i}", "j")
+                saved += 1
+            except (bundle.BundleRefused, OSError):
+                refused += 1
+    finally:
+        stop.write_text("")
+        swapper.wait(timeout=30)
+    assert os.listdir(roots) == [], f"{len(os.listdir(roots))} bundles landed in root's folder"
+    assert saved > 0 and refused > 0  # the race was really run: some saves went through, some were refused
