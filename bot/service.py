@@ -4,7 +4,9 @@ diagnosis becomes a verdict in that thread. Slack specifics stay in bot/slack/""
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import secrets
 import threading
 import time
 from typing import Any
@@ -21,6 +23,9 @@ from hangdx.bot.incidents import Incident, IncidentStore, connect
 from hangdx.bot.queue import Reaper, check_settings, queue_analysis, queue_diagnosis, reap
 from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
 from hangdx.bot.slack.blocks import (
+    CONFIRM,
+    SLURM_ACTIONS,
+    confirm_blocks,
     escape,
     handoff_blocks,
     history_blocks,
@@ -213,13 +218,59 @@ class Service:
         Memory(self.conn).resolve(job_id, note)
 
     def act(self, action: str, job_id: str, node: str | None, user: str) -> None:
-        """A Slurm action from a verdict's buttons (drain, requeue, cancel): run, on the incident's timeline with
-        who did it, and its result said in the thread."""
+        """A Slurm button (drain, requeue, cancel) pressed: checked, kept here under a one-time nonce and put to
+        the presser alone; `act("confirm", nonce, None, user)` then runs it. Slack's own confirmation dialog lives
+        in the client, and a signed request can skip it; the node and job come from what hangdx kept."""
+        if action == CONFIRM:
+            self._confirmed(job_id, user)
+            return
+        from hangdx.bot.slurm_actions import ActionError
+
+        inc = self.store.get(job_id)
+        try:
+            if action not in SLURM_ACTIONS:
+                raise ActionError(f"unknown action {action!r}")
+            if action == "drain":
+                _check_culprit(inc, node)
+        except ActionError as e:
+            if inc and inc.channel:
+                _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts,
+                      text=f"{mention(user)}: " + mrkdwn("{action}: could not be done: {e}", action=action, e=e))  # fmt: skip
+            return
+        nonce = secrets.token_urlsafe(18)
+        pending = {"action": action, "job": job_id, "node": node, "user": user, "at": time.time()}
+        self.conn.set(_PENDING + nonce, json.dumps(pending), ex=PENDING_TTL)
+        what = mrkdwn(
+            {"drain": "Drain node *{node}*? No new job will start on it until someone resumes it "
+                      "(`scontrol update NodeName=… State=RESUME`).",
+             "requeue": "Requeue job *{job}*? It goes back in the queue.",
+             "cancel": "Cancel job *{job}*? It is ended."}[action],
+            node=node or "", job=job_id,
+        )  # fmt: skip
+        if inc and inc.channel:
+            try:
+                self.client.chat_postEphemeral(
+                    channel=inc.channel, user=user, thread_ts=inc.thread_ts, text=what,
+                    blocks=confirm_blocks(what + f" (confirm within {PENDING_TTL // 60} minutes)", nonce),
+                )  # fmt: skip
+            except (SlackApiError, SlackRequestError, OSError) as e:
+                log.warning("could not ask %s to confirm %s: %s", user, action, e)
+
+    def _confirmed(self, nonce: str, user: str) -> None:
+        """Run a kept Slurm action once, for the person who asked for it, while it is fresh."""
         from hangdx.bot import slurm_actions
 
+        raw = self.conn.get(_PENDING + nonce) if nonce else None
+        pending = json.loads(raw) if raw else {}
+        # Only who asked may confirm, once: a replayed or forged confirmation finds nothing of theirs.
+        if pending.get("user") != user or not self.conn.delete(_PENDING + nonce):
+            log.warning("a Slurm confirmation by %s matched no pending action of theirs", user)
+            return
+        action, job_id, node = pending["action"], pending["job"], pending.get("node")
+        inc = self.store.get(job_id)
         try:
             if action == "drain":
-                _check_culprit(self.store.get(job_id), node)
+                _check_culprit(inc, node)  # again: a newer verdict may name another node
             said = slurm_actions.run(action, job_id, node, user)
             ok = True
         except slurm_actions.ActionError as e:
@@ -232,7 +283,6 @@ class Service:
                 Memory(self.conn).note_action(job_id, action, node or job_id, user)
             except redis.exceptions.RedisError:
                 pass  # the action was done and is on the timeline; the week's summary will miss it
-        inc = self.store.get(job_id)
         if inc and inc.channel:
             done = "" if ok else "could not be done: "
             text = f"{mention(user)}: " + mrkdwn(
@@ -297,6 +347,10 @@ def _check_culprit(inc: Incident | None, node: str | None) -> None:
         raise ActionError(
             f"{str(node)[:80]!r} is not a culprit host of this incident's latest verdict: not drained"
         )
+
+
+_PENDING = "hangdx:pending_action:"  # + nonce: a Slurm action pressed and not yet confirmed
+PENDING_TTL = 300
 
 
 class SlackNotifier:

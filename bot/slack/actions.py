@@ -10,11 +10,11 @@ from slack_bolt import App
 from hangdx.bot import access
 from hangdx.bot.request import DiagnoseRequest
 from hangdx.bot.slack import views
-from hangdx.bot.slack.blocks import ACTION_PREFIX, ACTIONS, SLURM_ACTIONS, clip, mrkdwn
+from hangdx.bot.slack.blocks import ACTION_PREFIX, ACTIONS, CONFIRM, SLURM_ACTIONS, clip, mrkdwn
 from hangdx.bot.slack.common import Surfaces, one_line, submitted, tell
 
 log = logging.getLogger("hangdx.bot")
-PATTERN = re.compile("^" + ACTION_PREFIX + "(" + "|".join(ACTIONS + SLURM_ACTIONS) + ")$")
+PATTERN = re.compile("^" + ACTION_PREFIX + "(" + "|".join(ACTIONS + SLURM_ACTIONS + (CONFIRM,)) + ")$")
 
 
 def register(app: App, s: Surfaces) -> None:
@@ -31,6 +31,15 @@ def _press(s: Surfaces, body: dict, action: dict, client) -> None:
     name = action["action_id"][len(ACTION_PREFIX) :]
     if not (isinstance(user, str) and isinstance(channel, str) and user and channel):
         log.warning("button %s without a user or channel: ignored", name)
+        return
+    if name == CONFIRM:
+        # A Slurm action confirmed: the value is only the nonce of what hangdx kept when the button was pressed
+        # (the action, job and node); who may act is asked again, the service checks it is the same person.
+        refusal = access.refusal(s.config, user, channel) or s.config.action_refusal(user)
+        if refusal or s.act is None:
+            tell(client, channel, user, refusal or "Slurm actions are off on this server.")
+            return
+        s.act(CONFIRM, str(action.get("value") or "")[:64], None, user)
         return
     job_id = action.get("value") or ""
     node = None

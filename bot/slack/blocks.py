@@ -26,6 +26,7 @@ EVIDENCE_LINE_MAX = 300
 
 ACTIONS = ("rerun", "stacks", "ack", "resolve", "handoff")
 SLURM_ACTIONS = ("drain", "requeue", "cancel")
+CONFIRM = "confirm"  # the button of a Slurm action kept server-side, its value the action's one-time nonce
 ACTION_PREFIX = "hangdx_"
 _BUTTON_LABELS = {
     "rerun": "Re-run",
@@ -172,6 +173,18 @@ def _slurm_block(job_id: str, hosts: list[str]) -> dict[str, Any] | None:
             "confirm": _confirm(f"{label}?", f"Job *{job_id}* will be {what}.", label.split()[0]),
         })  # fmt: skip
     return {"type": "actions", "block_id": "hangdx_slurm", "elements": buttons}
+
+
+def confirm_blocks(what: str, nonce: str) -> list[dict[str, Any]]:
+    """The message only the presser sees after a Slurm button: what will be done, and the one button that does
+    it (its value a one-time nonce; the action itself is kept by hangdx, never read back from Slack)."""
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": clip(what, 2900)}},
+        {"type": "actions", "block_id": "hangdx_confirm", "elements": [{
+            "type": "button", "action_id": ACTION_PREFIX + CONFIRM, "style": "danger", "value": nonce,
+            "text": _plain("Confirm", 30),
+        }]},
+    ]  # fmt: skip
 
 
 def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str, Any]]:

@@ -41,6 +41,30 @@ def _node_state(cluster) -> str:  # noqa: F811
     return cluster.run("sinfo", "-h", "-n", cluster.host, "-o", "%T").stdout.strip()
 
 
+def _nonce(slack, user: str, seen: int) -> str | None:
+    """The Confirm button's value in the newest message only `user` saw, past the first `seen` of them."""
+    for c in slack.calls_to("chat.postEphemeral")[seen:]:
+        if c.body.get("user") != user:
+            continue
+        blocks = c.body.get("blocks")
+        blocks = json.loads(blocks) if isinstance(blocks, str) else blocks or []
+        for b in blocks:
+            for e in b.get("elements") or []:
+                if e.get("action_id") == "hangdx_confirm":
+                    return e["value"]
+    return None
+
+
+def _confirmed(bot: Bot, slack, action: str, value: str, user: str) -> str:
+    """Press a Slurm button, then the Confirm that hangdx shows the presser alone; the nonce pressed."""
+    seen = len(slack.calls_to("chat.postEphemeral"))
+    assert _press(bot, action, value, user).status_code == 200
+    assert bot.wait(lambda: _nonce(slack, user, seen), timeout=20), slack.calls_to("chat.postEphemeral")[seen:]
+    nonce = _nonce(slack, user, seen)
+    assert _press(bot, "confirm", nonce, user).status_code == 200
+    return nonce
+
+
 def _press(bot: Bot, action: str, value: str, user: str):
     from urllib.parse import urlencode
 
@@ -83,13 +107,29 @@ def test_drain_and_requeue_from_slack_only_for_allowed_users(cluster, redis_url)
             time.sleep(1)
             assert "drain" not in _node_state(cluster)
 
+            said = lambda: [c.body.get("text") for c in slack.calls_to("chat.postMessage")]  # noqa: E731
+            # A press alone does nothing: the action waits for its presser's confirmation, kept by hangdx.
             assert _press(bot, "requeue", job, ONCALL).status_code == 200
+            assert bot.wait(lambda: _nonce(slack, ONCALL, 0), timeout=20)
+            time.sleep(1)
+            assert not any("requeue" in (t or "") for t in said())
+            assert cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING"
+            # A forged confirmation (a guessed nonce), or the real one pressed by someone else: nothing happens.
+            assert _press(bot, "confirm", "x" * 24, ONCALL).status_code == 200
+            assert _press(bot, "confirm", _nonce(slack, ONCALL, 0), INTRUDER).status_code == 200
+            time.sleep(1)
+            assert not any("requeue" in (t or "") for t in said())
+            nonce = _confirmed(bot, slack, "requeue", job, ONCALL)
             said = lambda: [c.body.get("text") for c in slack.calls_to("chat.postMessage")]  # noqa: E731
             eph = lambda: [c.body.get("text") for c in slack.calls_to("chat.postEphemeral")]  # noqa: E731
             assert bot.wait(lambda: any("requeue" in (t or "") for t in said()), timeout=30), (said(), eph())
             assert "could not" not in said()[-1], said()
             cluster.wait_state(job, {"PENDING", "REQUEUED", "REQUEUE_HOLD"}, timeout=30)  # pending again
             # A forged button value: `all` (Slurm's every node) or a node the verdict does not name.
+            # A replayed confirmation: used once, gone.
+            assert _press(bot, "confirm", nonce, ONCALL).status_code == 200
+            time.sleep(1)
+            assert sum("requeue" in (t or "") for t in said()) == 1
             for forged in ("all", "ALL", "gpu-node-victim"):
                 assert _press(bot, "drain", f"{job}|{forged}", ONCALL).status_code == 200
                 assert bot.wait(
@@ -97,7 +137,7 @@ def test_drain_and_requeue_from_slack_only_for_allowed_users(cluster, redis_url)
                 )
             time.sleep(0.5)
             assert "drain" not in _node_state(cluster)
-            assert _press(bot, "drain", f"{job}|{cluster.host}", ONCALL).status_code == 200
+            _confirmed(bot, slack, "drain", f"{job}|{cluster.host}", ONCALL)
             assert bot.wait(lambda: "drain" in _node_state(cluster), timeout=20), _node_state(cluster)
             reason = cluster.run("sinfo", "-h", "-R", "-n", cluster.host, "-o", "%E").stdout
             assert f"hangdx: job {job}, drained by {ONCALL}" in reason
