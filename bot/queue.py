@@ -42,9 +42,10 @@ from hangdx.bot import diagnosis
 from hangdx.bot.artifacts import save_stacks
 from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError
 from hangdx.bot.incidents import Incident, IncidentStore, StoreUnavailable, connect
-from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
+from hangdx.bot.request import AnalyzeRequest, Busy, DiagnoseRequest
 
-QUEUE = "hangdx"
+QUEUE = "hangdx"  # hang diagnoses: a worker always takes these first
+PASTE_QUEUE = "hangdx-analyze"  # pasted evidence read in Slack: after every queued diagnosis
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ACTOR = "hangdx"
 log = logging.getLogger("hangdx.queue")
@@ -112,11 +113,38 @@ def redis_wait() -> float:
 
 def check_settings() -> None:
     """Raise ValueError naming the first malformed setting (for a one-line error at start-up)."""
-    lock_seconds(), reap_interval(), max_tries(), redis_wait()
+    lock_seconds(), reap_interval(), max_tries(), redis_wait(), pastes_per_person(), pastes_per_thread()
 
 
 def queue(conn: redis.Redis) -> Queue:
     return Queue(QUEUE, connection=conn, serializer=JSONSerializer)
+
+
+def paste_queue(conn: redis.Redis) -> Queue:
+    return Queue(PASTE_QUEUE, connection=conn, serializer=JSONSerializer)
+
+
+def worker_queues(conn: redis.Redis) -> list[Queue]:
+    """What a worker takes, in order: RQ empties the first before it looks at the next, so twenty pastes never
+    stand before an alert's diagnosis."""
+    return [queue(conn), paste_queue(conn)]
+
+
+def pastes_per_person() -> int:
+    return int(_setting("HANGDX_PASTES_PER_USER", 3, 1, 1000, "a number of analyses"))
+
+
+def pastes_per_thread() -> int:
+    return int(_setting("HANGDX_PASTES_PER_THREAD", 2, 1, 1000, "a number of analyses"))
+
+
+def _waiting_pastes(q: Queue) -> list[dict[str, Any]]:
+    """The requests of the analyses queued or running (few: the limits below keep them so)."""
+    from rq.registry import StartedJobRegistry
+
+    ids = q.get_job_ids() + StartedJobRegistry(queue=q).get_job_ids()
+    jobs = Job.fetch_many(ids, connection=q.connection, serializer=JSONSerializer) if ids else []
+    return [j.args[0] for j in jobs if j is not None and j.args and isinstance(j.args[0], dict)]
 
 
 def run_budget(opts: DiagnoseOptions) -> float:
@@ -146,9 +174,22 @@ def queue_diagnosis(conn: redis.Redis, req: DiagnoseRequest, opts: DiagnoseOptio
 
 
 def queue_analysis(conn: redis.Redis, req: AnalyzeRequest) -> str:
-    """Queue the reading of pasted evidence in Slack (bot/pasted.py); the RQ job id."""
+    """Queue the reading of pasted evidence in Slack (bot/pasted.py); the RQ job id. Busy when the person already
+    has HANGDX_PASTES_PER_USER analyses waiting, or the thread HANGDX_PASTES_PER_THREAD."""
     try:
-        job = queue(conn).enqueue(
+        q = paste_queue(conn)
+        waiting = _waiting_pastes(q)
+        mine = sum(1 for w in waiting if w.get("requested_by") == req.requested_by)
+        here = sum(
+            1 for w in waiting if (w.get("channel"), w.get("thread_ts")) == (req.channel, req.thread_ts)
+        )
+        if mine >= pastes_per_person():
+            raise Busy(
+                f"you have {mine} analyses waiting already: hangdx reads yours in turn, try again after them"
+            )
+        if here >= pastes_per_thread():
+            raise Busy(f"this thread has {here} analyses waiting already: its answer is on its way")
+        job = q.enqueue(
             "hangdx.bot.pasted.run_analysis",
             req.to_dict(),
             job_timeout=300,

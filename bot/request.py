@@ -44,3 +44,7 @@ class AnalyzeRequest:
     def from_dict(cls, d: dict[str, Any]) -> AnalyzeRequest:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
+
+
+class Busy(Exception):
+    """A request refused for now (a per-person or per-thread limit): said to whoever asked, in one line."""

@@ -17,7 +17,7 @@ import redis
 from rq import Worker
 from rq.serializers import JSONSerializer
 
-from hangdx.bot.queue import DEFAULT_REDIS_URL, Reaper, check_settings, notifier_say, queue
+from hangdx.bot.queue import DEFAULT_REDIS_URL, Reaper, check_settings, notifier_say, worker_queues
 
 log = logging.getLogger("hangdx.worker")
 
@@ -68,7 +68,7 @@ def main(redis_url: str | None = None, burst: bool = False) -> int:
     stop = threading.Event()
     try:
         while True:
-            worker = HangdxWorker([queue(conn)], connection=conn, serializer=JSONSerializer)
+            worker = HangdxWorker(worker_queues(conn), connection=conn, serializer=JSONSerializer)
             try:
                 worker.work(burst=burst, with_scheduler=False)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:

@@ -13,7 +13,7 @@ from slack_sdk.errors import SlackApiError
 
 from hangdx.bot.config import BotConfig
 from hangdx.bot.incidents import IncidentStore
-from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
+from hangdx.bot.request import AnalyzeRequest, Busy, DiagnoseRequest
 from hangdx.bot.slack.blocks import clip, mrkdwn
 from hangdx.probes.collector import redact
 
@@ -95,6 +95,9 @@ def submitted(submit: Callable[[Any], str], req: Any, what: str, say: Callable[[
     """Hand `req` to the service; when the queue is down, tell the person who asked (not a log nobody reads)."""
     try:
         submit(req)
+    except Busy as e:
+        say(clip(mrkdwn("hangdx will not queue this {what} now: {e}", what=what, e=e), 300))
+        return False
     except Exception as e:
         log.exception("submit failed for %s", what)
         say(clip(mrkdwn("Could not queue the {what}: {e}", what=what, e=e), 300))

@@ -22,7 +22,7 @@ from rq import Worker
 from hangdx.bot import queue as hq
 from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError
 from hangdx.bot.incidents import IncidentStore, StoreUnavailable, connect
-from hangdx.bot.request import DiagnoseRequest
+from hangdx.bot.request import AnalyzeRequest, Busy, DiagnoseRequest
 
 from .test_incidents import needs_redis, redis_url  # noqa: F401  (the session's redis-server)
 
@@ -225,3 +225,30 @@ def test_worker_and_enqueue_fail_fast_without_redis() -> None:
             dead, DiagnoseRequest(job_id="j1", source="cli", requested_by="me"), DiagnoseOptions()
         )
     assert time.monotonic() - started < 10
+
+
+def _paste(user: str, thread: str) -> AnalyzeRequest:
+    return AnalyzeRequest(channel="C0HANGDX01", thread_ts=thread, requested_by=user, source="mention")
+
+
+@needs_redis
+def test_pastes_wait_behind_hang_diagnoses_and_are_limited_per_person_and_thread(conn: redis.Redis) -> None:
+    # Hardening 21.9: 20 `@hangdx analyze` from one user delayed an alert's diagnosis from 1 s to 294 s.
+    conn.flushdb()
+    ids = [hq.queue_analysis(conn, _paste("U1", f"1700000000.00000{i}")) for i in range(3)]
+    with pytest.raises(Busy, match="3 analyses waiting"):
+        hq.queue_analysis(conn, _paste("U1", "1700000000.000009"))
+    hq.queue_analysis(conn, _paste("U2", "1700000000.000000"))  # another person, a thread with one waiting
+    with pytest.raises(Busy, match="this thread has 2"):
+        hq.queue_analysis(conn, _paste("U3", "1700000000.000000"))
+    alert = hq.enqueue_diagnosis(
+        conn, DiagnoseRequest(job_id="j9", source="alert", requested_by="alertmanager"), DiagnoseOptions()
+    )
+    # The order a worker takes them in: the diagnosis queued last is taken first.
+    taken = []
+    for q in hq.worker_queues(conn):
+        taken += q.get_job_ids()
+    assert taken[0] == alert and set(taken[1:]) >= set(ids), taken
+    worker = Worker(hq.worker_queues(conn), connection=conn, serializer=hq.JSONSerializer)
+    job, q = worker.dequeue_job_and_maintain_ttl(timeout=1)
+    assert job.id == alert and q.name == hq.QUEUE
