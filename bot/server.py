@@ -48,7 +48,7 @@ def serve(
         log.info("hand-off posts daily at %s UTC in %s", config.handoff_time, config.handoff_channel)
     if config.app_token:
         _socket_mode(app, config.app_token)
-    server = http_server(flask_app, host, port)
+    server = http_server(flask_app, host, port, config.alert_token)
     log.info("hangdx serving on http://%s:%d", host, server.effective_port)
     try:
         server.run()
@@ -95,13 +95,43 @@ HTTP_IDLE = 5  # seconds an idle or half-sent connection is kept
 HTTP_BACKLOG = 1024
 
 
-def http_server(flask_app, host: str, port: int):
-    """A waitress server for `flask_app` on host:port (port 0: any free port); `.run()` until SIGTERM/SIGINT."""
+HTTP_PER_CLIENT = 64  # connections one address may hold: one client's idle flood leaves room for Slack's
+
+
+def http_server(flask_app, host: str, port: int, alert_token: str | None = None):
+    """A waitress server for `flask_app` on host:port (port 0: any free port); `.run()` until SIGTERM/SIGINT.
+
+    Bodies are capped per route when their headers arrive, before any byte of them is buffered: an `/alerts`
+    with the alert token up to ALERT_MAX, everything else (Slack's requests, an `/alerts` without the token)
+    MAX_ALERT_BYTES. One client address holds at most HTTP_PER_CLIENT connections."""
+    import copy
+    import hmac
+
+    from waitress.channel import HTTPChannel
+    from waitress.parser import HTTPRequestParser
     from waitress.server import create_server
 
-    from hangdx.bot.alerts import ALERT_MAX
+    from hangdx.bot.alerts import ALERT_MAX, MAX_ALERT_BYTES
 
-    return create_server(
+    class Parser(HTTPRequestParser):
+        def parse_header(self, header_plus):
+            super().parse_header(header_plus)
+            given = self.headers.get("AUTHORIZATION", "")
+            trusted = (
+                self.path == "/alerts"
+                and alert_token is not None
+                and len(given) < 512
+                and hmac.compare_digest(given.encode(), f"Bearer {alert_token}".encode())
+            )
+            limit = ALERT_MAX if trusted else MAX_ALERT_BYTES + 1
+            if limit != self.adj.max_request_body_size:
+                self.adj = copy.copy(self.adj)  # this request's own cap; the server's stays
+                self.adj.max_request_body_size = limit
+
+    class Channel(HTTPChannel):
+        parser_class = Parser
+
+    server = create_server(
         flask_app,
         host=host,
         port=port,
@@ -110,11 +140,31 @@ def http_server(flask_app, host: str, port: int):
         channel_timeout=HTTP_IDLE,
         cleanup_interval=2,
         backlog=HTTP_BACKLOG,
-        max_request_body_size=ALERT_MAX,  # /alerts reads its first 4 MiB; every other route 1 MiB
+        max_request_body_size=ALERT_MAX,  # the most any route takes; Parser lowers it per request
         max_request_header_size=64 * 1024,
         ident="hangdx",
         clear_untrusted_proxy_headers=True,
     )
+    server.channel_class = Channel
+    accept = server.handle_accept
+
+    def handle_accept() -> None:
+        # Refused at accept: a client past its share is closed before it is read, let alone buffered.
+        before = set(server._map)
+        accept()
+        for fd in set(server._map) - before:
+            ch, peer = server._map[fd], _peer(server._map[fd])
+            held = sum(1 for c in server._map.values() if isinstance(c, HTTPChannel) and _peer(c) == peer)
+            if peer is not None and held > HTTP_PER_CLIENT:
+                ch.handle_close()
+
+    server.handle_accept = handle_accept
+    return server
+
+
+def _peer(channel) -> object:
+    addr = getattr(channel, "addr", None)
+    return addr[0] if isinstance(addr, tuple) and addr else addr
 
 
 def post_handoff(client: WebClient, channel: str, report: Report) -> None:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from bot.test_end_to_end import free_port, wait_for  # noqa: E402
 from slack_standin import SlackStandin  # noqa: E402
 
 ATTACKERS = 3000
+ALERT_TOKEN = "alert-token-0123456789abcdef"
 
 
 def _healthz(url: str, timeout: float = 2.0) -> bool:
@@ -55,7 +57,7 @@ def serve(redis_url, tmp_path):
         port = free_port()
         env = {**os.environ, "SLACK_BOT_TOKEN": "xoxb-1111-2222-hangdxtest",
                "SLACK_SIGNING_SECRET": "8f742231b10e8888abcd99yyyzzz85a5", "SLACK_API_URL": slack.url,
-               "REDIS_URL": redis_url}  # fmt: skip
+               "REDIS_URL": redis_url, "HANGDX_ALERT_TOKEN": ALERT_TOKEN}  # fmt: skip
         env.pop("SLACK_APP_TOKEN", None)
         log = open(tmp_path / "serve.log", "wb")
         # The bot's own limit stays the usual 1024: it must not need more.
@@ -105,3 +107,71 @@ def test_half_sent_requests_neither_exhaust_the_bot_nor_stop_it_answering_or_end
     finally:
         for s in socks:
             s.close()
+
+
+def _head_only(port: int, path: str, length: int, auth: str | None = None) -> bytes:
+    """Send a POST's headers announcing `length` bytes and none of them; what the server answers in 3 s."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        extra = f"Authorization: Bearer {auth}\r\n" if auth else ""
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+                  f"Content-Length: {length}\r\n\r\n".encode())  # fmt: skip
+        try:
+            return s.recv(200)
+        except TimeoutError:
+            return b""  # still waiting for the body: it would be buffered
+
+
+def test_bodies_are_capped_per_route_when_their_headers_arrive(serve):
+    # Hardening 21.5: unauthenticated bodies up to 64 MiB were buffered on every route before any check.
+    _proc, port, _url = serve
+    for path, auth in (("/slack/events", None), ("/alerts", None), ("/alerts", "wrong-token-0123456789"),
+                       ("/healthz", None)):  # fmt: skip
+        said = _head_only(port, path, 32 << 20, auth)
+        assert said.startswith(b"HTTP/1.1 413"), (path, auth, said)
+    # Alertmanager with the token may send a big group: its body is awaited, not refused.
+    assert _head_only(port, "/alerts", 8 << 20, ALERT_TOKEN) == b""
+
+
+def test_one_clients_idle_flood_leaves_the_bot_answering_others(serve):
+    # Hardening 21.5: 900+ idle connections, reopened as they were dropped, stopped /healthz answering in 3 s.
+    proc, port, url = serve
+    stop = threading.Event()
+
+    def flood() -> None:
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            held = [s for s in held if s.fileno() != -1]
+            while len(held) < 1500 and not stop.is_set():
+                s = socket.socket()
+                s.setblocking(False)
+                s.bind(("127.0.0.2", 0))  # the attacker: another address of this machine's loopback
+                s.connect_ex(("127.0.0.1", port))
+                held.append(s)
+            for s in list(held):  # reopen what the server dropped
+                try:
+                    if s.recv(1, socket.MSG_PEEK) == b"":
+                        s.close()
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    s.close()
+            time.sleep(0.2)
+        for s in held:
+            s.close()
+
+    attacker = threading.Thread(target=flood, daemon=True)
+    attacker.start()
+    try:
+        time.sleep(2)
+        slow = []
+        for _ in range(10):
+            started = time.monotonic()
+            ok = _healthz(url, 3)
+            if not ok or time.monotonic() - started > 3:
+                slow.append(round(time.monotonic() - started, 2))
+            time.sleep(0.3)
+        assert slow == [], f"/healthz unanswered within 3 s under the flood: {slow}"
+        assert proc.poll() is None
+    finally:
+        stop.set()
+        attacker.join(timeout=20)
