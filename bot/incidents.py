@@ -383,22 +383,19 @@ class IncidentStore:
         pipe = self.r.pipeline(transaction=True)
         pipe.hgetall(base).lrange(base + ":timeline", 0, -1).lrange(base + ":verdicts", 0, -1)
         h, tl, vs = pipe.execute()
-        if not h:
-            return None
-        h = {_s(k): _s(v) for k, v in h.items()}
-        return Incident(
-            job_id=h["job_id"],
-            status=h["status"],
-            created=float(h["created"]),
-            updated=float(h["updated"]),
-            channel=h.get("channel"),
-            thread_ts=h.get("thread_ts"),
-            owner=h.get("owner"),
-            last_request=json.loads(h["last_request"]) if h.get("last_request") else None,
-            diagnosis=h.get("diagnosis"),
-            timeline=[json.loads(_s(x)) for x in tl],
-            verdicts=[json.loads(_s(x)) for x in vs],
-        )
+        return _incident(h, tl, vs)
+
+    @_unavailable
+    def open_summaries(self) -> list[Incident]:
+        """Open incidents, oldest first, each with its latest verdict and no timeline: what `/diagnose status`
+        and the hand-off show, read in one round trip however long the timelines grew."""
+        jobs = sorted(_s(j) for j in self.r.smembers(OPEN_SET))
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            pipe.hgetall(_key(job)).lrange(_key(job) + ":verdicts", -1, -1)
+        got = pipe.execute()
+        found = [_incident(got[i], [], got[i + 1]) for i in range(0, len(got), 2)]
+        return sorted((i for i in found if i is not None and i.is_open), key=lambda i: i.created)
 
     @_unavailable
     def list_open(self) -> list[Incident]:
@@ -493,7 +490,7 @@ class IncidentStore:
     @_unavailable
     def in_flight(self) -> list[Incident]:
         """Open incidents whose diagnosis started and never ended (the worker died, or is still running)."""
-        return [i for i in self.list_open() if i.diagnosis == "running"]
+        return [i for i in self.open_summaries() if i.diagnosis == "running"]
 
     def mark_interrupted(self, job: str, actor: str = "hangdx") -> None:
         self.add_event(
@@ -657,6 +654,26 @@ class IncidentStore:
         if inc is None:
             raise KeyError(f"no incident for job {job}")
         return incident_markdown(inc)
+
+
+def _incident(h: dict, tl: list, vs: list) -> Incident | None:
+    """An Incident from its hash, timeline and verdicts as Redis returns them; None when there is no hash."""
+    if not h:
+        return None
+    h = {_s(k): _s(v) for k, v in h.items()}
+    return Incident(
+        job_id=h["job_id"],
+        status=h["status"],
+        created=float(h["created"]),
+        updated=float(h["updated"]),
+        channel=h.get("channel"),
+        thread_ts=h.get("thread_ts"),
+        owner=h.get("owner"),
+        last_request=json.loads(h["last_request"]) if h.get("last_request") else None,
+        diagnosis=h.get("diagnosis"),
+        timeline=[json.loads(_s(x)) for x in tl],
+        verdicts=[json.loads(_s(x)) for x in vs],
+    )
 
 
 def _when(t: float) -> str:

@@ -186,7 +186,7 @@ class Service:
 
     def report(self, kind: str) -> tuple[str, list[dict]]:
         """`/diagnose status|handoff`: the open incidents as (fallback text, blocks)."""
-        incs = [i.to_dict() for i in self.store.list_open()]
+        incs = [i.to_dict() for i in self.store.open_summaries()]
         what = "hand-off" if kind == "handoff" else "status"
         if kind != "handoff":
             return f"hangdx {what}: {len(incs)} open incident(s)", status_blocks(incs)

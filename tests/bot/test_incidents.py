@@ -319,3 +319,27 @@ def test_an_alert_storm_does_not_grow_the_timeline_without_bound(store: Incident
     assert len(inc.timeline) == TIMELINE_MAX
     assert inc.timeline[-1]["event"] == "button_ack"  # the latest are the ones kept
     assert store.r.llen("hangdx:incident:storm:timeline") == TIMELINE_MAX
+
+
+def test_status_reads_one_line_per_incident_not_its_timeline(store: IncidentStore) -> None:
+    from hangdx.bot.incidents import _key
+
+    # Hardening 21.6: `/diagnose status` with 2,000 open incidents of 1,000 events each read every timeline (39 s).
+    for n in range(30):
+        job = f"job-{n}"
+        store.open_or_join(req(job))
+        pipe = store.r.pipeline()
+        for i in range(1000):
+            pipe.rpush(_key(job) + ":timeline", f'{{"time": {i}, "actor": "x", "event": "note"}}')
+        pipe.execute()
+        for cat in ("io_stall", "gpu_fault"):
+            rc = {"category": cat, "summary": f"{cat} on {job}", "confidence": 0.9, "fix": "f",
+                  "culprit": {"ranks": [n], "hosts": [], "gpus": [], "links": []}}  # fmt: skip
+            store.add_verdict(job, {"job_id": job, "status": "hung", "root_cause": rc, "findings": []})
+    store.set_status("job-7", "resolved", "U1")
+    incs = store.open_summaries()
+    assert [i.job_id for i in incs] == [f"job-{n}" for n in range(30) if n != 7]
+    assert all(i.timeline == [] and len(i.verdicts) == 1 for i in incs)
+    assert incs[3].latest_verdict["root_cause"]["summary"] == "gpu_fault on job-3"  # the newest verdict
+    full = store.get("job-3")
+    assert len(full.timeline) >= 1000 and full.latest_verdict == incs[3].latest_verdict
