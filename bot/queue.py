@@ -415,13 +415,43 @@ def _finish(
         _keep_stacks(store.r, job, docs or [])
     inc = _persist("reading the incident", job, lambda: store.get(job))
     try:
+        notifier = get_notifier()
+        if inc is not None and inc.channel and not inc.thread_ts:
+            inc = _thread_for_verdict(store, inc, getattr(notifier, "open_thread", None))
         if inc is not None:
-            get_notifier()(inc, verdict, error)
+            notifier(inc, verdict, error)
     except Exception:
         # The verdict is already kept; a broken notifier must not turn a diagnosis into a failed job.
         log.exception("job %s: the notifier failed", job)
         store.add_event(job, ACTOR, "notify_failed", "the notifier raised; see the worker log")
     return True
+
+
+THREAD_WAIT = 30.0  # seconds a verdict waits for its incident's thread being made elsewhere
+
+
+def _thread_for_verdict(
+    store: IncidentStore, inc: Incident, open_thread: Callable[[Incident], str | None] | None
+) -> Incident:
+    """The incident with its thread: made by serve after the request was taken (waited for while it is being made,
+    Slack retrying), or made here when nobody has started it, so the verdict never lands outside its thread."""
+    end = time.monotonic() + THREAD_WAIT
+    while time.monotonic() < end:
+        if store.claim_thread(inc.job_id, THREAD_WAIT):
+            try:
+                now = store.get(inc.job_id) or inc
+                if not now.thread_ts and now.channel and open_thread is not None:
+                    ts = open_thread(now)
+                    if ts:
+                        store.set_thread(inc.job_id, now.channel, ts)
+            finally:
+                store.release_thread(inc.job_id)
+            return store.get(inc.job_id) or inc
+        now = store.get(inc.job_id)
+        if now is not None and now.thread_ts:
+            return now
+        time.sleep(0.05)
+    return store.get(inc.job_id) or inc
 
 
 # -- the reaper ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import logging
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -19,7 +20,7 @@ from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, Se
 from hangdx.bot.artifacts import load_stacks
 from hangdx.bot.config import BotConfig, ConfigError
 from hangdx.bot.diagnosis import DiagnoseOptions
-from hangdx.bot.incidents import Incident, IncidentStore, connect
+from hangdx.bot.incidents import Incident, IncidentStore, StoreUnavailable, connect
 from hangdx.bot.queue import Reaper, check_settings, queue_analysis, queue_diagnosis, reap
 from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
 from hangdx.bot.slack.blocks import (
@@ -72,6 +73,11 @@ class Service:
         self.store = IncidentStore(self.conn)
         self.client = client or slack_client(cfg)
         self._reaper: Reaper | None = None
+        # What waits on Slack after a request was taken (an incident's thread, "joined" lines): never on the
+        # request path, where a rate-limited Slack would hold the alert's or the slash command's answer.
+        self._slack = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hangdx-slack")
+        self._announcing: list = []
+        self._announcing_lock = threading.Lock()
 
     def options(self, req: DiagnoseRequest) -> DiagnoseOptions:
         # The nodes an alert named are hints: the resolver (with its SSH settings) finds the job's hosts, the
@@ -83,11 +89,39 @@ class Service:
         running); the RQ job id that will answer."""
         inc, is_new = self.store.open_or_join(req)
         channel = inc.channel or req.channel or self.cfg.alert_channel
-        if channel and not inc.thread_ts:
-            inc = self._make_thread(req, channel) or inc
         rq_id, joined = queue_diagnosis(self.conn, req, self.options(req))
         if is_new:
             self._first_join(inc, req.requested_by)  # who opened it has nothing to announce when asking again
+        with self._announcing_lock:
+            self._announcing = [f for f in self._announcing if not f.done()]
+            self._announcing.append(self._slack.submit(self._announce, req, inc, channel, is_new, joined))
+        return rq_id
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait until what submit left for Slack (threads, "joined" lines) is done: for an orderly stop, and tests."""
+        from concurrent.futures import wait
+
+        with self._announcing_lock:
+            pending = list(self._announcing)
+        wait(pending, timeout=timeout)
+
+    def _announce(
+        self, req: DiagnoseRequest, inc: Incident, channel: str | None, is_new: bool, joined: bool
+    ) -> None:
+        """After the request was taken: the incident's thread (made once), and a person joining it said there."""
+        try:
+            self._announce_now(req, inc, channel, is_new, joined)
+        except (StoreUnavailable, redis.exceptions.RedisError, OSError) as e:
+            # The diagnosis is queued; its verdict goes to the channel even without a thread.
+            log.warning("job %s: no thread made in Slack: %s", req.job_id, " ".join(str(e).split())[:200])
+        except Exception:  # noqa: BLE001 - a bug here must not be lost silently
+            log.exception("announcing job %s in Slack failed", req.job_id)
+
+    def _announce_now(
+        self, req: DiagnoseRequest, inc: Incident, channel: str | None, is_new: bool, joined: bool
+    ) -> None:
+        if channel and not inc.thread_ts:
+            inc = self._make_thread(req, channel) or inc
         # A person asking is news to the thread; a repeated alert is not (the timeline keeps it).
         if (
             channel
@@ -104,7 +138,6 @@ class Service:
                 thread_ts=inc.thread_ts,
                 text=f"{text}{mention(req.requested_by)} joined this incident{also}.",
             )
-        return rq_id
 
     def _first_join(self, inc: Incident, user: str) -> bool:
         """Whether this person's request is the first of theirs to join this incident: a thread says "joined"
@@ -389,6 +422,11 @@ class SlackNotifier:
                 )
             except (SlackApiError, OSError) as e:
                 log.warning("chat.update (progress) failed: %s", e)
+
+    def open_thread(self, incident: Incident) -> str | None:
+        """The incident's parent message, when the verdict is ready before serve made it; its ts."""
+        posted = _post(self.client, channel=incident.channel, text=progress_text(incident.job_id, 0, 0))
+        return (posted or {}).get("ts")
 
     def say(self, incident: Incident, text: str) -> None:
         """A line in the incident's thread (the reaper's "queued again" or "interrupted")."""

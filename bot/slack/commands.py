@@ -68,12 +68,17 @@ def register(app: App, s: Surfaces) -> None:
             )
             return
         if what in REPORTS:
-            # Ack first: the report reads Redis, and Slack gives a slash command 3 seconds.
+            # Ack first, and the rest off the listener pool: the report reads Redis and its answer goes to
+            # response_url, which may take seconds; Slack gives the next slash command 3.
             ack()
-            text, blocks = run_report(s.report, what)
-            kind = "in_channel" if what == "handoff" and blocks is not None else "ephemeral"
-            respond(text=text, blocks=blocks, response_type=kind, replace_original=False)
+            s.later(_report, s, what, respond)
             return
         ack(text=f"Diagnosing job {escape(arg)}…", response_type="ephemeral")
         req = DiagnoseRequest(job_id=arg, source="slash", requested_by=user, channel=channel)
         s.later(submitted, s.submit, req, f"diagnosis of job {arg}", lambda said: respond(text=said))
+
+
+def _report(s: Surfaces, what: str, respond) -> None:
+    text, blocks = run_report(s.report, what)
+    kind = "in_channel" if what == "handoff" and blocks is not None else "ephemeral"
+    respond(text=text, blocks=blocks, response_type=kind, replace_original=False)

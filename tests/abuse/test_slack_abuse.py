@@ -59,6 +59,7 @@ def test_a_replayed_slash_command_is_refused_and_acted_on_once(bot: LiveBot, cap
     assert bot.queued() == ["replay-1"]
     inc = bot.service.store.get("replay-1")
     assert [e["event"] for e in inc.timeline] == ["opened"]
+    bot.service.settle()
     assert len([c for c in bot.slack.calls_to("chat.postMessage") if not c.body.get("thread_ts")]) == 1
     # Remembered in Redis until the timestamp can no longer pass Slack's 5-minute check.
     ttl = bot.conn.ttl("hangdx:seen:slack-sig:" + headers["X-Slack-Signature"])

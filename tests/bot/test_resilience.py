@@ -121,11 +121,19 @@ def _run_dies(service: Service, job: str, rq_id: str) -> str:
     return token
 
 
+def _thread_of(service, job: str, timeout: float = 10.0) -> str:
+    end = time.monotonic() + timeout
+    while not getattr(service.store.get(job), "thread_ts", None):
+        assert time.monotonic() < end, f"no thread for {job}"
+        time.sleep(0.02)
+    return service.store.get(job).thread_ts
+
+
 def test_reapers_requeue_a_dead_workers_diagnosis_once_then_give_up(service, slack, monkeypatch):
     monkeypatch.setenv("HANGDX_LOCK_TTL", "0.3")
     monkeypatch.setenv("HANGDX_DIAGNOSIS_TRIES", "2")
     first = service.submit(req("job-k"))
-    thread = service.store.get("job-k").thread_ts
+    thread = _thread_of(service, "job-k")  # made after the request was taken, off its path
     queue(service.conn).remove(first)  # taken by a worker...
     _run_dies(service, "job-k", first)  # ...that dies mid-diagnosis
     assert service.reap() == []  # its lock still holds
@@ -224,6 +232,9 @@ def test_a_rate_limited_post_waits_out_retry_after_and_lands_once(service, slack
     slack.fail("chat.postMessage", status=429, retry_after=1)
     t0 = time.monotonic()
     service.submit(req("job-429"))
+    assert time.monotonic() - t0 < 0.9  # the request is answered at once: Slack is waited on off its path
+    assert queued(service) == ["job-429"]
+    service.settle()
     assert time.monotonic() - t0 >= 1.0  # Retry-After honoured
     calls = slack.calls_to("chat.postMessage")
     assert len(calls) == 2  # the 429, then the retry
@@ -235,6 +246,7 @@ def test_a_rate_limited_post_waits_out_retry_after_and_lands_once(service, slack
 def test_a_500_is_retried_and_lands(service, slack):
     slack.fail("chat.postMessage", status=500)
     service.submit(req("job-500"))
+    service.settle()
     assert len(slack.calls_to("chat.postMessage")) == 2
     assert service.store.get("job-500").thread_ts == "1700000000.000100"
     assert queued(service) == ["job-500"]
@@ -245,6 +257,7 @@ def test_a_persistent_slack_failure_does_not_stop_the_incident_or_the_diagnosis(
     slack.fail("chat.postMessage", times=10, **how)
     rq_id = service.submit(req("job-x"))
     assert rq_id
+    service.settle()
     inc = service.store.get("job-x")
     assert inc is not None and inc.status == "investigating" and inc.thread_ts is None
     assert queued(service) == ["job-x"]
@@ -255,12 +268,14 @@ def test_slack_unreachable_does_not_stop_the_diagnosis(redis_url):  # noqa: F811
     cfg = BotConfig(bot_token=TOKEN, api_url=f"http://127.0.0.1:{_free_port()}/api/", redis_url=redis_url)
     service = Service(cfg, client=slack_client(cfg))
     assert service.submit(req("job-offline"))
+    service.settle()
     assert service.store.get("job-offline").thread_ts is None
     assert queued(service) == ["job-offline"]
 
 
 def test_the_notifier_survives_slack_errors(service, slack):
     service.submit(req("job-n"))
+    service.settle()
     inc = service.store.get("job-n")
     slack.fail("chat.postMessage", error="channel_not_found", times=5)
     slack.fail("chat.update", error="message_not_found", times=5)
@@ -333,6 +348,7 @@ def test_submit_works_again_when_redis_comes_back(slack, tmp_path):
             service.submit(req("job-b"))
         proc = _redis_on(port, tmp_path)
         assert service.submit(req("job-c"))  # the same Service: redis-py reconnects
+        service.settle()
         assert service.store.get("job-c").thread_ts
     finally:
         _kill(proc)
