@@ -10,6 +10,26 @@ MAX_TEXT_BYTES = 32 * 1024 * 1024
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d{1,9})\]:\s?")  # {1,9}: int() of 5000 digits raises
 
 
+# C0 controls but newline and tab, DEL, C1 (0x9b is a CSI of its own), the marks that reorder a line, and lone
+# surrogates (a file name's undecodable bytes, which a terminal would get back raw).
+_CONTROL = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_CONTROL_OR_LINE = re.compile(_CONTROL.pattern[:-1] + "\n\t]")
+
+
+def _escape(m: re.Match) -> str:
+    c = ord(m.group(0))
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text: object, multiline: bool = True) -> str:
+    """Text the CLI did not write itself (a node's, a log's, a file name, another user's job id or note), fit
+    for a terminal: escape sequences and other control characters shown escaped (`\\x1b[2J`), never sent raw
+    to root's terminal. `multiline=False` escapes newlines and tabs too, for text that must stay one line."""
+    return (_CONTROL if multiline else _CONTROL_OR_LINE).sub(_escape, str(text))
+
+
 def looks_binary(head: bytes) -> bool:
     """True when bytes are not text: a NUL byte or mostly non-printable."""
     if not head:
