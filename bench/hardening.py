@@ -31,6 +31,7 @@ SUITES = {
         "tests/core/test_hostile_input.py",
         "tests/core/test_bad_input.py",
         "tests/bot/test_slack_app.py",
+        "tests/bot/test_memory_notes.py",
         "tests/ssh/test_ssh.py",
     ],
 }
