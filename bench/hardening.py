@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = {
-    "fault": ["tests/failure"],
+    "fault": ["tests/failure", "tests/bot/test_worker_redis_full.py"],
     "bad input": [
         "tests/abuse",
         "tests/core/test_fuzz.py",
