@@ -32,6 +32,7 @@ SUITES = {
         "tests/core/test_bad_input.py",
         "tests/bot/test_slack_app.py",
         "tests/bot/test_memory_notes.py",
+        "tests/slurm/test_watch_hostile_names.py",
         "tests/ssh/test_ssh.py",
     ],
 }
