@@ -346,7 +346,10 @@ _SECRET_PATTERNS = [
 
 def redact(text: str, known: Iterable[str] = ()) -> str:
     """Blank out tokens, keys and passwords; and every `known` secret value (seen in a rank's environment or
-    argv) wherever it appears."""
+    argv) wherever it appears. Colour codes go first, as the reader's normalising pass takes them off: a key
+    printed in colour (`\x1b[1mpassword\x1b[0m: ...`) is a key all the same."""
+    if "\x1b" in text:
+        text = _ANSI_CODE.sub("", text)
     text = _redact_prefixed_keys(text)
     text = _PEM_KEY.sub("[REDACTED KEY]", text)
     if "-----END" in text:

@@ -85,6 +85,9 @@ COMMANDS = [
     ("pw=hunter2-correct-horse", "hunter2-correct-horse"),
     ("connect(host='db', user='ml', pw='hunter2 correct horse')", "hunter2 correct horse"),
     ("PW: hunter2-correct-horse", "hunter2-correct-horse"),
+    ("\x1b[1mpassword\x1b[0m: hunter2-correct-horse", "hunter2-correct-horse"),
+    ("\x1b[33mHF_TOKEN\x1b[0m=\x1b[32mabcdefghij1234567890\x1b[0m", "abcdefghij1234567890"),
+    ("INFO:root:\x1b[1m--api-key\x1b[0m 0123456789abcdef0123", "0123456789abcdef0123"),
 ]
 
 
