@@ -236,13 +236,12 @@ def _redact_prefixed_keys(text: str) -> str:
         if prefix is None:
             begin = _PEM_BEGIN.search(plain)
             end = _PEM_END.search(plain)
-            if begin and not (end and end.start() > begin.start()):
+            rest = plain[begin.end() :] if begin else ""
+            if begin and rest.strip() and not _BASE64_RUN.fullmatch(rest):
+                out.append(plain)  # the key goes on in this line (JSON-escaped `\n`): _PEM_KEY takes it whole
+            elif begin and not (end and end.start() > begin.start()):
                 prefix = plain[: begin.start()]
                 out.append(prefix + "[REDACTED KEY]")
-                rest = plain[begin.end() :]
-                if rest.strip() and not _BASE64_RUN.fullmatch(rest):
-                    out.append(rest)  # the key's text was one line (JSON-escaped): the patterns below take it
-                    prefix = None
             elif end and not begin:
                 # A tail: the lines before END that are key material go with it.
                 after = plain

@@ -66,6 +66,19 @@ def test_a_key_whose_begin_line_was_cut_off_still_goes_under_a_prefix():
     assert not [line for line in BODY[1:] if line in out], out
 
 
+def test_a_json_escaped_key_on_one_line_goes_whole_even_cut_short():
+    escaped = "\\n".join(BODY)
+    for text in (
+        '{"key": "-----BEGIN RSA PRIVATE KEY-----\\n' + escaped + '", "step": 10}',
+        'INFO:root:{"key": "-----BEGIN RSA PRIVATE KEY-----\\n'
+        + escaped
+        + '\\n-----END RSA PRIVATE KEY-----"}',
+    ):
+        out = redact(text)
+        assert not [line for line in BODY[:-1] if line in out], out
+        assert "\n" not in out and redact(out) == out
+
+
 ESCAPED = [
     ('{"msg": "{\\"password\\": \\"hunter2 correct horse\\"}"}', "hunter2 correct horse"),
     ('{"msg": "{\\"password\\":\\"hunter2-correct-horse\\"}"}', "hunter2-correct-horse"),
