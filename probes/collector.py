@@ -190,32 +190,33 @@ _ANSI_CODE = re.compile(
 )
 _PEM_BEGIN = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
 _PEM_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
-# The base64 that ends a line of a key under a log prefix (`INFO:root:MIIE...`, `[1,0]<stdout>:MIIE...`).
-_PEM_BODY = re.compile(r"(?:^|(?<=[\s:>\])]))[A-Za-z0-9+/]+={0,2}[ \t\r]*$")
+# The base64 that ends a line of a key under a log prefix (`INFO:root:MIIE...`, `[1,0]<stdout>:MIIE...`), the
+# whole run (a prefix that ends in a letter glued to the body goes with it).
+_PEM_BODY = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/=]+[ \t\r]*$")
 _PEM_HEADER = re.compile(r"(?:Proc-Type|DEK-Info):[^\r\n]*$")
 _BASE64_RUN = re.compile(r"[ \t]*[A-Za-z0-9+/]*={0,2}")
 
 
 def _key_part(plain: str, prefix: str | None, next_plain: str) -> tuple[int, int] | None:
-    """The span of key material on one line of a prefixed key, or None when the line holds none: after the BEGIN
-    line's own prefix, a base64 run that is long or ends the line; at the start of the line, a long run; else a
-    header; else a base64 run that ends the line and is long (a body line under another prefix, a timestamp that
-    changed) or followed by the END line."""
+    """The span of key material on one line of a prefixed key, or None when the line holds none. In turn: a
+    base64 run that fills the rest of the line after the BEGIN line's own prefix (or from the line's start);
+    a header; a base64 run that ends the line and is long (a body line under another prefix, a timestamp that
+    changed) or followed by the END line; last, a long run at the line's start with text after it (an
+    unprefixed key that ends inside the line)."""
     lead = len(plain) - len(plain.lstrip())
-    starts = (
-        [lead]
-        if prefix is None or not plain.startswith(prefix.strip(), lead)
-        else [lead + len(prefix.strip())]
-    )
-    if starts[0] != lead:
-        starts.append(lead)  # a line with no prefix at all
+    starts = [lead]
+    if prefix is not None and prefix.strip() and plain.startswith(prefix.strip(), lead):
+        starts.insert(0, lead + len(prefix.strip()))
     for start in starts:
         m = _BASE64_RUN.match(plain, start)
-        ends_line = prefix is not None and start == starts[0] and not plain[m.end() :].strip() if m else False
-        if m and (len(m.group(0).strip()) >= 16 or ends_line):
-            return m.start(), m.end()
+        if m and not plain[m.end() :].strip():
+            if len(m.group(0).strip()) >= 16 or (prefix is not None and start == starts[0]):
+                return m.start(), m.end()
     m = _PEM_HEADER.search(plain) or _PEM_BODY.search(plain)
     if m and (m.re is _PEM_HEADER or len(m.group(0).strip()) >= 16 or _PEM_END.search(next_plain)):
+        return m.start(), m.end()
+    m = _BASE64_RUN.match(plain, lead)
+    if m and len(m.group(0).strip()) >= 16:
         return m.start(), m.end()
     return None
 

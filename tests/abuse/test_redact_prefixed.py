@@ -7,9 +7,13 @@ JSON that was itself escaped into a string; passwords given as `sshpass -p V`, `
 
 from __future__ import annotations
 
+import base64
 import json
+import string
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hangdx.probes.collector import redact
 
@@ -132,3 +136,28 @@ def test_a_secret_in_escaped_json_does_not_reach_redis_or_the_slack_thread(redis
         posted = json.dumps([c.body for c in bot.slack.calls])
     for where in (stored, posted):
         assert "hunter2" not in where and "no step for 15m" in where
+
+
+PREFIX_CHARS = string.ascii_letters + string.digits + " :[]()<>=,.-_/|\t"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prefixes=st.lists(st.text(alphabet=PREFIX_CHARS, max_size=25), min_size=1, max_size=3),
+    body=st.lists(st.binary(min_size=12, max_size=48), min_size=1, max_size=6),
+    last=st.binary(min_size=1, max_size=20),
+    end=st.booleans(),
+    pick=st.randoms(use_true_random=False),
+)
+def test_a_key_under_any_prefix_never_keeps_a_body_line(prefixes, body, last, end, pick):
+    """Any prefix (the same on every line, or a different one on each), a key whole or cut short."""
+    lines = [base64.b64encode(b).decode() for b in body]
+    key = ["-----BEGIN RSA PRIVATE KEY-----", *lines, base64.b64encode(last).decode()]
+    if end:
+        key.append("-----END RSA PRIVATE KEY-----")
+    text = "".join(pick.choice(prefixes) + line + "\n" for line in key) + "step 10 loss 2.31\n"
+    out = redact(text)
+    assert not [line for line in lines if len(line) >= 16 and line in out], out
+    if end:
+        assert "step 10 loss 2.31" in out
+    assert redact(out) == out
