@@ -16,6 +16,8 @@ import pytest
 import redis
 from rq import Worker
 
+from hangdx.bot.incidents import IncidentStore
+
 from .test_incidents import start_redis, stop_redis
 
 
@@ -45,19 +47,23 @@ def test_the_worker_waits_out_a_full_redis_and_works_again(tmp_path):
     worker = None
     try:
         conn = redis.Redis.from_url(url)
+        # A diagnosis whose worker died: the reaper's pass writes to requeue it, and meets the full Redis too.
+        IncidentStore(conn).claim_run("4242", "rq-gone", {"job_id": "4242"}, {})
         _fill(conn)
         log = open(tmp_path / "worker.log", "wb")
         worker = subprocess.Popen(
             [sys.executable, "-m", "hangdx.bot.worker", url],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "HANGDX_NOTIFIER": ""},
+            env={**os.environ, "HANGDX_NOTIFIER": "", "HANGDX_REAP_INTERVAL": "0.2", "HANGDX_LOCK_TTL": "1"},
         )
         said = lambda: (tmp_path / "worker.log").read_text(errors="replace")  # noqa: E731
         assert _wait(lambda: "full" in said() or worker.poll() is not None, 30), said()
         time.sleep(2.0)  # a few more tries at registering, all refused
         assert worker.poll() is None, f"the worker exited ({worker.returncode}): {said()[-1500:]}"
         assert Worker.all(connection=conn) == []  # it could not register: nothing was written
+        assert "reaper: redis is full" in said() and "Traceback" not in said(), said()[-1500:]
+        conn.delete("hangdx:run:4242", "hangdx:runs")  # (deleting is allowed when full) no diagnosis to run
         conn.config_set("maxmemory", "0")  # room again (an operator raised the limit or freed keys)
         assert _wait(lambda: len(Worker.all(connection=conn)) == 1, 60), said()[-1500:]
         assert worker.poll() is None and "working again" in said()
