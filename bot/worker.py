@@ -82,9 +82,21 @@ def main(redis_url: str | None = None, burst: bool = False) -> int:
         reaper.say = notifier_say()
         reaper.start()
     stop = threading.Event()
+    current: list[HangdxWorker] = []
+
+    def on_stop(signum: int, frame: object) -> None:
+        # Between a restarted worker's registration and RQ putting in its own handlers, a SIGTERM lands here:
+        # RQ's loop then sees the stop request at its first turn instead of never.
+        stop.set()
+        if current:
+            current[0]._stop_requested = True
+
     try:
         while True:
             worker = HangdxWorker([queue(conn)], connection=conn, serializer=JSONSerializer)
+            current[:] = [worker]
+            if stop.is_set():
+                return 0
             try:
                 worker.work(burst=burst, with_scheduler=False)
             except UNAVAILABLE as e:
@@ -94,11 +106,16 @@ def main(redis_url: str | None = None, burst: bool = False) -> int:
                     print(f"hangdx worker: lost redis at {url}: {e}", file=sys.stderr)
                 if worker.pubsub_thread is not None:  # RQ's teardown stopped before ending it
                     worker.pubsub_thread.stop()
-            if burst or worker._stop_requested or worker._shutdown_requested_date is not None:
+            if (
+                burst
+                or worker._stop_requested
+                or worker._shutdown_requested_date is not None
+                or stop.is_set()
+            ):
                 return 0
             # RQ's loop ended on a Redis error (it only retries while waiting for a job): wait and go on.
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: stop.set())
+                signal.signal(sig, on_stop)
             if not _wait_for_redis(conn, stop) or stop.wait(1.0):  # (never restart in a tight loop)
                 return 0
             print(f"hangdx worker: redis at {url} is back; working again", file=sys.stderr)
