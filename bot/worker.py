@@ -94,10 +94,10 @@ def main(redis_url: str | None = None, burst: bool = False) -> int:
     try:
         while True:
             worker = HangdxWorker([queue(conn)], connection=conn, serializer=JSONSerializer)
-            current[:] = [worker]
-            if stop.is_set():
-                return 0
             try:
+                current[:] = [worker]
+                if stop.is_set():
+                    return 0
                 worker.work(burst=burst, with_scheduler=False)
             except UNAVAILABLE as e:
                 if isinstance(e, redis.exceptions.OutOfMemoryError):
