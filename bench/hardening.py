@@ -24,13 +24,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = {
-    "fault": ["tests/failure"],
+    "fault": ["tests/failure", "tests/bot/test_worker_redis_full.py"],
     "bad input": [
         "tests/abuse",
         "tests/core/test_fuzz.py",
         "tests/core/test_hostile_input.py",
         "tests/core/test_bad_input.py",
         "tests/bot/test_slack_app.py",
+        "tests/bot/test_memory_notes.py",
+        "tests/slurm/test_watch_hostile_names.py",
         "tests/ssh/test_ssh.py",
         "tests/bot/test_culprit_hosts.py",  # 21.1-2, 12: a name a log or an alert printed is never acted on
         "tests/slurm/test_actions.py",  # 21.1: `drain all` and forged drain buttons

@@ -10,14 +10,14 @@ from typing import Any
 
 import redis
 
-from hangdx.bot.incidents import PREFIX
+from hangdx.bot.incidents import PREFIX, key_part
 
 STACKS_TTL = 7 * 24 * 3600
 MAX_STACKS_BYTES = 4 * 1024 * 1024
 
 
 def stacks_key(job: str) -> str:
-    return f"{PREFIX}stacks:{job}"
+    return f"{PREFIX}stacks:{key_part(job)}"
 
 
 def stacks_text(docs: list[dict[str, Any]], limit: int = MAX_STACKS_BYTES) -> str:

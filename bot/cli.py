@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from hangdx import __version__
+from hangdx.probes.text import printable
 
 
 class UsageError(Exception):
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def fail(message: str) -> None:
-        sys.stderr.write(f"hangdx: {message}\n")
+        sys.stderr.write(f"hangdx: {printable(message, multiline=False)}\n")
 
     try:
         if args.command == "analyze":
@@ -311,7 +312,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         service = Service(cfg)
         for job in service.recover():  # diagnoses a restart cut off: said so in their threads
-            sys.stderr.write(f"hangdx serve: the diagnosis of job {job} was interrupted; marked so\n")
+            sys.stderr.write(
+                f"hangdx serve: the diagnosis of job {printable(job, False)} was interrupted; marked so\n"
+            )
         server.serve(
             cfg,
             service.submit,
@@ -353,7 +356,7 @@ def cmd_incident(args: argparse.Namespace) -> int:
         store = IncidentStore(connect(cfg.redis_url))
         if store.get(args.job_id) is None:
             raise UsageError(f"no incident for job {args.job_id!r} in {store.where}")
-        sys.stdout.write(store.markdown(args.job_id))
+        sys.stdout.write(printable(store.markdown(args.job_id)))
     except (DiagnosisError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
     return 0
@@ -372,7 +375,7 @@ def cmd_slurm_action(args: argparse.Namespace) -> int:
             said = slurm_actions.cancel(args.job_id)
     except slurm_actions.ActionError as e:
         raise UsageError(str(e)) from None
-    sys.stdout.write(said + "\n")
+    sys.stdout.write(printable(said) + "\n")
     return 0
 
 
@@ -401,9 +404,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     sys.stdout.write(f"{args.name}: {len(recs)} incident(s)\n")
     for r in recs:
         how = f"  resolved by: {r['resolution']}" if r["resolution"] else ""
-        sys.stdout.write(
-            f"  {r['day']}  job {r['job']}  {r['category']} ({r['as']})  {r['summary'][:120]}{how}\n"
-        )
+        line = f"  {r['day']}  job {r['job']}  {r['category']} ({r['as']})  {r['summary'][:120]}{how}"
+        sys.stdout.write(printable(line, multiline=False) + "\n")
     return 0
 
 
@@ -446,7 +448,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
         watcher = Watcher(settings, Service(cfg).submit)
         if args.once:
             for d in watcher.check():
-                sys.stdout.write(f"{d.job_id}\t{d.outcome}\t{d.reason}\n")
+                fields = (d.job_id, d.outcome, d.reason)
+                sys.stdout.write("\t".join(printable(f, multiline=False) for f in fields) + "\n")
             return 0
         sys.stderr.write(
             f"hangdx watch: {source} every {args.interval:g}s, stall window {args.stall:g}s, probe {how}\n"
@@ -460,5 +463,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def _watch_report(d) -> None:
     """A line for what matters: a stall, a failure, a probe that could not tell or found the job moving."""
     if d.outcome in ("stalled", "failed", "unconfirmed") or d.probe_seconds is not None:
-        sys.stderr.write(f"hangdx watch: job {d.job_id} {d.outcome}: {d.reason}\n")
+        said = printable(f"job {d.job_id} {d.outcome}: {d.reason}", multiline=False)
+        sys.stderr.write(f"hangdx watch: {said}\n")
         sys.stderr.flush()

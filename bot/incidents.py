@@ -19,6 +19,10 @@ Keys (all under `hangdx:`; values are strings or JSON, never pickle):
     hangdx:threadclaim:<job>         held for a moment by the one request that makes the incident's thread
     hangdx:archive:<job>:<ms>[...]   a resolved incident, moved aside when the job gets a new one
 
+<job> is the job id as key_part() writes it: `:` and every character outside letters, digits and `@+._-~`
+%-encoded, so that no job id reaches another job's keys (`123456:timeline` used to be job 123456's timeline).
+Ids of only those characters (every Slurm id) are written as they are: keys stored before still read.
+
 One diagnosis per job at a time: a request while one is queued or running joins it (claim_run); only the RQ
 job a run record names may start it (start_run), holding the lock; it ends by finish_run, which keeps the
 verdict only if no newer run took over. Reapers (requeue_run) give a run whose lock lapsed to a new RQ job,
@@ -32,6 +36,7 @@ import json
 import os
 import secrets
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -115,8 +120,14 @@ def _s(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
 
 
+def key_part(job: str) -> str:
+    """A job id as one segment of a Redis key: `%`-encoded outside letters, digits and `@+._-~`, so it holds no
+    `:` (nor a glob character) and cannot name another job's key."""
+    return urllib.parse.quote(job, safe="@+")
+
+
 def _key(job: str) -> str:
-    return f"{PREFIX}incident:{job}"
+    return f"{PREFIX}incident:{key_part(job)}"
 
 
 def _event(actor: str, event: str, detail: str = "", now: float | None = None) -> dict[str, Any]:
@@ -324,11 +335,11 @@ return 1
 
 
 def _run_key(job: str) -> str:
-    return f"{PREFIX}run:{job}"
+    return f"{PREFIX}run:{key_part(job)}"
 
 
 def _lock_key(job: str) -> str:
-    return f"{PREFIX}lock:{job}"
+    return f"{PREFIX}lock:{key_part(job)}"
 
 
 def _run_keys(job: str) -> list[str]:
@@ -367,7 +378,7 @@ class IncidentStore:
         detail = f"{req.source}" + (f": {req.summary}" if req.summary else "")
         opened = _event(req.requested_by, "opened", detail, now)
         joined = _event(req.requested_by, "request", detail, now)
-        base, arch = _key(job), f"{PREFIX}archive:{job}:{int(now * 1000)}"
+        base, arch = _key(job), f"{PREFIX}archive:{key_part(job)}:{int(now * 1000)}"
         keys = [base, base + ":timeline", base + ":verdicts", OPEN_SET, arch, arch + ":timeline"]
         keys.append(arch + ":verdicts")
         args = [job, repr(now), json.dumps(req.to_dict()), json.dumps(opened), json.dumps(joined)]
@@ -612,11 +623,11 @@ class IncidentStore:
     @_unavailable
     def claim_thread(self, job: str, ttl: float) -> bool:
         """Whether this caller may make the incident's Slack thread now (held `ttl` s, or until released)."""
-        return bool(self.r.set(f"{PREFIX}threadclaim:{job}", "1", nx=True, px=_ms(ttl)))
+        return bool(self.r.set(f"{PREFIX}threadclaim:{key_part(job)}", "1", nx=True, px=_ms(ttl)))
 
     @_unavailable
     def release_thread(self, job: str) -> None:
-        self.r.delete(f"{PREFIX}threadclaim:{job}")
+        self.r.delete(f"{PREFIX}threadclaim:{key_part(job)}")
 
     # -- the diagnosis lock ----------------------------------------------------------------------
 
@@ -624,17 +635,17 @@ class IncidentStore:
     def acquire(self, job: str, ttl: float) -> str | None:
         """A token if the job's lock was free (it expires after `ttl` seconds), else None."""
         token = secrets.token_hex(16)
-        ok = self.r.set(f"{PREFIX}lock:{job}", token, nx=True, px=max(1, int(ttl * 1000)))
+        ok = self.r.set(_lock_key(job), token, nx=True, px=max(1, int(ttl * 1000)))
         return token if ok else None
 
     @_unavailable
     def release(self, job: str, token: str) -> bool:
         """Release the lock if `token` still holds it; False when it expired or belongs to someone else."""
-        return bool(self._release(keys=[f"{PREFIX}lock:{job}"], args=[token]))
+        return bool(self._release(keys=[_lock_key(job)], args=[token]))
 
     @_unavailable
     def locked(self, job: str) -> bool:
-        return bool(self.r.exists(f"{PREFIX}lock:{job}"))
+        return bool(self.r.exists(_lock_key(job)))
 
     @contextmanager
     def lock(self, job: str, ttl: float) -> Iterator[bool]:

@@ -543,9 +543,17 @@ class Reaper:
             try:
                 reap(self.conn, self.say)
                 down = False
-            except (StoreUnavailable, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            except (
+                StoreUnavailable,
+                redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError,
+                redis.exceptions.OutOfMemoryError,  # full (maxmemory, noeviction): waited out the same way
+            ) as e:
                 if not down:  # once per outage
-                    log.warning("reaper: redis is unavailable, waiting for it: %s", e)
+                    full = isinstance(e, redis.exceptions.OutOfMemoryError)
+                    log.warning(
+                        "reaper: redis is %s, waiting for it: %s", "full" if full else "unavailable", e
+                    )
                 down = True
             except Exception:  # noqa: BLE001 - the next pass may do better; never end the thread
                 log.exception("reaper: pass failed")

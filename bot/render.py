@@ -11,6 +11,7 @@ from rich.text import Text
 
 from hangdx.playbooks.verdict import Culprit, Verdict
 from hangdx.playbooks.wording import name_set, number_set
+from hangdx.probes.text import printable
 
 _STATUS_STYLE = {
     "hung": "bold red",
@@ -40,32 +41,34 @@ def to_json(v: Verdict) -> str:
 
 
 def terminal(v: Verdict, console: Console, verbose: bool = False) -> None:
-    """Print the verdict as a report a tired on-call engineer can act on."""
+    """Print the verdict as a report a tired on-call engineer can act on. Every string of the verdict came
+    from evidence someone else wrote: each goes through printable()."""
+    p = printable
     rc = v.root_cause
     head = Text()
-    head.append(f"job {v.job_id}  " if v.job_id else "evidence  ", style="bold")
-    head.append(v.status.upper(), style=_STATUS_STYLE.get(v.status, "bold"))
+    head.append(f"job {p(v.job_id, False)}  " if v.job_id else "evidence  ", style="bold")
+    head.append(p(v.status.upper()), style=_STATUS_STYLE.get(v.status, "bold"))
     if rc is None:
         console.print(Panel(Group(head, Text("no finding")), title="hangdx"))
         return
     body = [head, Text("")]
     body.append(
         Text.assemble(
-            ("Root cause  ", "bold"), (rc.category, "bold cyan"), f"  (confidence {rc.confidence:.2f})"
+            ("Root cause  ", "bold"), (p(rc.category), "bold cyan"), f"  (confidence {rc.confidence:.2f})"
         )
     )
-    body.append(Text(rc.summary))
-    body.append(Text.assemble(("Culprit     ", "bold"), culprit_text(rc.culprit)))
-    body.append(Text.assemble(("Fix         ", "bold"), rc.fix))
+    body.append(Text(p(rc.summary)))
+    body.append(Text.assemble(("Culprit     ", "bold"), p(culprit_text(rc.culprit))))
+    body.append(Text.assemble(("Fix         ", "bold"), p(rc.fix)))
     if rc.evidence:
         body.append(Text("Evidence", style="bold"))
         for q in rc.evidence[: 12 if verbose else 6]:
             where = f"{q.source}:{q.line}" if q.line else q.source
-            body.append(Text.assemble(("  " + where + "  ", "dim"), q.text[:240]))
+            body.append(Text.assemble(("  " + p(where, False) + "  ", "dim"), p(q.text[:240], False)))
     if rc.next_steps:
         body.append(Text("Next steps", style="bold"))
         for s in rc.next_steps:
-            body.append(Text("  - " + s))
+            body.append(Text("  - " + p(s)))
     console.print(
         Panel(Group(*body), title="hangdx verdict", border_style="red" if v.status == "hung" else "yellow")
     )
@@ -77,16 +80,16 @@ def terminal(v: Verdict, console: Console, verbose: bool = False) -> None:
         t.add_column("culprit")
         t.add_column("summary", ratio=3)
         for f in others:
-            t.add_row(f.category, f"{f.confidence:.2f}", culprit_text(f.culprit), f.summary)
+            t.add_row(p(f.category), f"{f.confidence:.2f}", p(culprit_text(f.culprit)), p(f.summary))
         console.print(t)
     if v.read and (verbose or len(v.read) <= 3):
         console.print(Text("Read:", style="bold dim"))
         for r in v.read[:20]:
-            console.print(Text("  " + r, style="dim"))
+            console.print(Text("  " + p(r, False), style="dim"))
     if v.gaps:
         console.print(Text("Not seen:", style="bold dim"))
         for g in v.gaps[: 20 if verbose else 6]:
-            console.print(Text("  " + g, style="dim"))
+            console.print(Text("  " + p(g, False), style="dim"))
         if len(v.gaps) > 6 and not verbose:
             console.print(Text(f"  ... and {len(v.gaps) - 6} more", style="dim"))
 

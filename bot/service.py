@@ -20,7 +20,7 @@ from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, Se
 from hangdx.bot.artifacts import load_stacks
 from hangdx.bot.config import BotConfig, ConfigError
 from hangdx.bot.diagnosis import DiagnoseOptions
-from hangdx.bot.incidents import Incident, IncidentStore, StoreUnavailable, connect
+from hangdx.bot.incidents import Incident, IncidentStore, StoreUnavailable, connect, key_part
 from hangdx.bot.queue import Reaper, check_settings, queue_analysis, queue_diagnosis, reap
 from hangdx.bot.request import AnalyzeRequest, DiagnoseRequest
 from hangdx.bot.slack.blocks import (
@@ -142,7 +142,7 @@ class Service:
     def _first_join(self, inc: Incident, user: str) -> bool:
         """Whether this person's request is the first of theirs to join this incident: a thread says "joined"
         once per person, however many times they ask (or Slack retries)."""
-        key = f"hangdx:joined:{inc.job_id}:{int(inc.created * 1000)}:{user}"
+        key = f"hangdx:joined:{key_part(inc.job_id)}:{int(inc.created * 1000)}:{user}"
         try:
             return bool(self.conn.set(key, "1", nx=True, ex=7 * 24 * 3600))
         except redis.exceptions.RedisError:

@@ -1,6 +1,7 @@
 """`hangdx watch`: notice stalled jobs with nothing installed in them, and open an incident for each.
 
-Every interval: list the running jobs (Slurm's `scontrol show job`, or an inventory's jobs), and for each
+Every interval: list the running jobs (Slurm's `squeue --json`, or `scontrol show job` where Slurm is older than
+21.08; or an inventory's jobs), and for each
 watched job look at what costs nothing on the nodes: whether its stdout/stderr files grew. A job whose files
 have not grown for the stall window gets one cheap confirmation probe (every rank sampled twice, by the
 diagnosis's own collector): it is stalled when every rank is waiting (in a collective, asleep, blocked) and
@@ -10,6 +11,7 @@ opens (or joins) the job's one incident, which runs the full diagnosis and posts
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -18,7 +20,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -103,11 +105,57 @@ def scontrol_fields(record: str) -> dict[str, str]:
     return out
 
 
-def parse_scontrol_jobs(text: str) -> list[RunningJob]:
-    """The RUNNING jobs of `scontrol --oneliner show job` output."""
-    jobs = []
+# The keys hangdx reads. Each is once in a record scontrol writes; twice means someone's text (a job name, a
+# comment, a path) holds ` Key=...`, and no reading of such a record can tell which is Slurm's.
+_READ_KEYS = (
+    "JobId",
+    "JobName",
+    "UserId",
+    "Partition",
+    "JobState",
+    "StartTime",
+    "Comment",
+    "StdErr",
+    "StdOut",
+)
+
+
+def _scontrol_records(text: str) -> Iterator[str]:
+    """Whole records of `scontrol --oneliner show job`: a line that does not start a record, or that starts one
+    before the record in hand reached its StdOut (a newline in a job name or a comment), continues it."""
+    record: list[str] = []
     for line in text.splitlines():
-        f = scontrol_fields(line)
+        done = record and _SCONTROL_KEY_AT("StdOut", " ".join(record))
+        if line.startswith("JobId=") and (not record or done):
+            if record:
+                yield "\n".join(record)
+            record = [line]
+        elif record:
+            record.append(line)
+    if record:
+        yield "\n".join(record)
+
+
+def _SCONTROL_KEY_AT(key: str, record: str) -> bool:  # noqa: N802 - reads as the key test it is
+    return re.search(r"(?:^|\s)" + key + "=", record) is not None
+
+
+def parse_scontrol_jobs(text: str) -> list[RunningJob]:
+    """The RUNNING jobs of `scontrol --oneliner show job` output (Slurm before 21.08, which has no --json). A
+    record whose own text repeats a key hangdx reads is skipped, and said: it cannot be read safely."""
+    jobs = []
+    for record in _scontrol_records(text):
+        keys = [m.group(1) for m in _SCONTROL_KEY.finditer(record)]
+        twice = sorted({k for k in _READ_KEYS if keys.count(k) > 1})
+        f = scontrol_fields(record)
+        if twice:
+            log.warning(
+                "hangdx watch: job %r not watched: its scontrol record holds %s more than once (a job name, "
+                "comment or path with ' Key=' in it)",
+                f.get("JobId", "?")[:20],
+                ", ".join(twice),
+            )
+            continue
         if f.get("JobState") != "RUNNING" or not f.get("JobId"):
             continue
         user, uid = f.get("UserId", ""), None
@@ -129,6 +177,80 @@ def parse_scontrol_jobs(text: str) -> list[RunningJob]:
     return jobs
 
 
+# sbatch's filename patterns (man sbatch, "filename pattern"): %j job id, %u user, %x job name, %A/%a array
+# job and task, %N the first node, %n/%t 0 for the batch step, %s its step, %% a percent; a width pads numbers.
+_FILENAME_PATTERN = re.compile(r"%(\d{0,2})([%AaJjNnstux])")
+
+
+def _number(value: object) -> int | None:
+    """A JSON number as squeue writes it: a plain int (v0.0.38) or {"set": true, "number": N} (later)."""
+    if isinstance(value, dict):
+        if value.get("infinite") or value.get("set") is False:
+            return None
+        value = value.get("number")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _output_path(path: str, job: dict, job_id: str, user: str) -> str:
+    """Slurm's own path for a job's stdout or stderr, its filename pattern filled in as Slurm fills it."""
+    if "\\" in path:
+        return path.replace("\\", "")  # a backslash turns the patterns off
+    array_job, array_task = _number(job.get("array_job_id")), _number(job.get("array_task_id"))
+    nodes = _text(job.get("batch_host")) or _text(job.get("nodes")).split(",")[0]
+    values = {
+        "%": "%", "j": job_id, "J": f"{job_id}.batch", "u": user, "x": _text(job.get("name")),
+        "A": str(array_job or job_id), "a": str(array_task if array_task is not None else 4294967294),
+        "N": nodes, "n": "0", "t": "0", "s": "batch",
+    }  # fmt: skip
+
+    def fill(m: re.Match) -> str:
+        value = values[m.group(2)]
+        return value.zfill(int(m.group(1))) if m.group(1) and value.isdigit() else value
+
+    path = _FILENAME_PATTERN.sub(fill, path)
+    cwd = _text(job.get("current_working_directory"))
+    return path if path.startswith("/") or not cwd else os.path.join(cwd, path)
+
+
+def parse_squeue_json(text: str) -> list[RunningJob]:
+    """The RUNNING jobs of `squeue --json` (Slurm 21.08 and later): each field is its own JSON value, so no job's
+    name, comment or path can stand in for another field or another job."""
+    doc = json.loads(text)
+    jobs = []
+    for j in doc.get("jobs") or [] if isinstance(doc, dict) else []:
+        if not isinstance(j, dict):
+            continue
+        state = j.get("job_state")
+        if not (state == "RUNNING" or (isinstance(state, list) and "RUNNING" in state)):
+            continue
+        number = _number(j.get("job_id"))
+        if number is None:
+            continue
+        job_id, user = str(number), _text(j.get("user_name"))
+        array = _number(j.get("array_task_id")) is not None
+        stdout = _text(j.get("standard_output")) or ("slurm-%A_%a.out" if array else "slurm-%j.out")
+        stderr = _text(j.get("standard_error")) or stdout
+        outputs = [_output_path(p, j, job_id, user) for p in (stdout, stderr)]
+        started = _number(j.get("start_time"))
+        comment = _text(j.get("comment"))
+        jobs.append(
+            RunningJob(
+                job_id=job_id,
+                user=user,
+                uid=_number(j.get("user_id")),
+                partition=_text(j.get("partition")),
+                comment="" if comment == "(null)" else comment,
+                outputs=list(dict.fromkeys(p for p in outputs if p.startswith("/"))),
+                started=float(started) if started else None,
+            )
+        )
+    return jobs
+
+
 def _start_time(value: str) -> float | None:
     """Slurm's StartTime (`2026-11-24T20:30:01`, the controller's local time) as epoch seconds."""
     try:
@@ -137,32 +259,50 @@ def _start_time(value: str) -> float | None:
         return None
 
 
-def list_slurm_jobs(scontrol: str = "scontrol", timeout: float = 20.0) -> list[RunningJob]:
-    """Every running job Slurm knows, in one `scontrol --oneliner show job` (one RPC, whatever the count)."""
+def _run_listing(cmd: list[str], what: str, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise WatchError(f"{what} did not answer within {timeout:g}s") from None
+    except OSError as e:
+        raise WatchError(f"{what} could not run: {e}") from None
+
+
+def _first_line(out: subprocess.CompletedProcess) -> str:
+    err = out.stderr.decode("utf-8", "replace").strip()
+    return next((ln.strip() for ln in err.splitlines() if ln.strip()), f"exit status {out.returncode}")
+
+
+def list_slurm_jobs(
+    scontrol: str = "scontrol", timeout: float = 20.0, squeue: str = "squeue"
+) -> list[RunningJob]:
+    """Every running job Slurm knows, in one RPC whatever the count: `squeue --json`, whose fields no job's text
+    can shadow; `scontrol --oneliner show job` where squeue has no --json (Slurm before 21.08)."""
+    exe = shutil.which(squeue)
+    if exe is not None:
+        out = _run_listing([exe, "--json"], "squeue --json", timeout)
+        if out.returncode == 0:
+            try:
+                return parse_squeue_json(out.stdout.decode("utf-8", "replace"))
+            except (ValueError, TypeError, AttributeError) as e:
+                raise WatchError(f"squeue --json printed what is not its JSON: {e}") from None
+        first = _first_line(out)
+        if "option" not in first:  # anything but "unrecognized option '--json'" is Slurm's answer
+            raise WatchError(f"squeue --json failed: {first}")
     exe = shutil.which(scontrol)
     if exe is None:
         raise WatchError(
             f"{scontrol} not found: run hangdx watch --slurm where Slurm's commands are installed"
         )
-    try:
-        out = subprocess.run(
-            [exe, "--oneliner", "show", "job"],
-            capture_output=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise WatchError(f"scontrol show job did not answer within {timeout:g}s") from None
-    except OSError as e:
-        raise WatchError(f"scontrol could not run: {e}") from None
+    out = _run_listing([exe, "--oneliner", "show", "job"], "scontrol show job", timeout)
     text = out.stdout.decode("utf-8", "replace")
     if out.returncode != 0:
         err = out.stderr.decode("utf-8", "replace").strip()
         if "No jobs in the system" in err or "No jobs in the system" in text:
             return []
-        first = next((ln.strip() for ln in err.splitlines() if ln.strip()), f"exit status {out.returncode}")
-        raise WatchError(f"scontrol show job failed: {first}")
+        raise WatchError(f"scontrol show job failed: {_first_line(out)}")
     return parse_scontrol_jobs(text)
 
 

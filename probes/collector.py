@@ -130,12 +130,15 @@ _SECRET_NAME = (
     r"|credential"
     # `key` and `pass` alone or as the last part of a name (--key, WANDB_KEY, --wandb-key, AccountKey, DB_PASS,
     # --pass), not inside a word (monkey, bypass, compass).
-    r"|(?:(?<![A-Za-z0-9])|(?<=[_.-])|(?-i:(?<=[a-z])(?=K)))(?:key|pass)(?![A-Za-z0-9]))"
+    # `pw` alone likewise (pw=..., DB_PW=...), not in pwr or pwd's own place (pwd= is handled above as [_-]pwd).
+    r"|(?:(?<![A-Za-z0-9])|(?<=[_.-])|(?-i:(?<=[a-z])(?=K)))(?:key|pass|pw)(?![A-Za-z0-9]))"
 )
 _SECRET_KEY = r"[A-Za-z0-9_.-]{0,64}?(?P<word>" + _SECRET_NAME + r")(?P<tail>[A-Za-z0-9_.-]{0,64})"
-# A value: "quoted with spaces", 'quoted', or bare up to a space, quote, comma or semicolon.
+# A value: "quoted with spaces", 'quoted', \"quoted inside a JSON string\" (escaped once or more), or bare up to
+# a space, quote, comma or semicolon.
 _SECRET_VALUE = (
-    r"""(?:"(?P<dq>[^"\r\n]{1,512})"|'(?P<sq>[^'\r\n]{1,512})'|(?P<q>["']?)(?P<bare>[^\s"',;]+))"""
+    r"""(?:(?P<eb>\\{1,3})(?P<eq>["'])(?P<ev>(?:(?!(?P=eb)(?P=eq))[^\r\n]){1,512})(?P=eb)(?P=eq)"""
+    r"""|"(?P<dq>[^"\r\n]{1,512})"|'(?P<sq>[^'\r\n]{1,512})'|(?P<q>["']?)(?P<bare>[^\s"',;]+))"""
 )
 _NUMBER = re.compile(r"^[0-9][0-9.,_eE+-]*$")
 _WORD_GOES_ON = re.compile(r"(?i)^iz(?:er|ed|e|ation)")  # tokenizer=gpt2 names a tokenizer, not a token
@@ -144,7 +147,7 @@ _SECRET_TAIL = re.compile(r"(?i)key|pin|code|value|secret|pass|pwd|hash|salt|see
 
 def _named_secret(m) -> str:
     """`key=value` with a secret-sounding key -> `key=[REDACTED]`; `token_count=5`, `max_tokens: 512` stay."""
-    value = m.group("dq") or m.group("sq") or m.group("bare") or ""
+    value = m.group("ev") or m.group("dq") or m.group("sq") or m.group("bare") or ""
     tail = m.group("tail")
     if value.startswith("[REDACTED") or _WORD_GOES_ON.match(tail):
         return m.group(0)
@@ -158,6 +161,9 @@ def _named_secret(m) -> str:
         and (prefix or tail.lower() != "s")
     ):
         return m.group(0)
+    if m.group("ev") is not None:
+        quote = m.group("eb") + m.group("eq")
+        return m.group("key") + m.group("sep") + quote + "[REDACTED]" + quote
     if m.group("dq") is not None:
         return m.group("key") + m.group("sep") + '"[REDACTED]"'
     if m.group("sq") is not None:
@@ -178,6 +184,92 @@ _PEM_TAIL = re.compile(
     r"(?m)(?:^[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?\n){1,120}[ \t]*-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"
     r"|(?<![A-Za-z0-9+/=])(?:[A-Za-z0-9+/=]{16,}\\n[ \t]*){1,120}-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----"
 )
+# ANSI codes (colours, cursor moves, titles) as normalise.py takes them off; the collector stands alone, so its own.
+_ANSI_CODE = re.compile(
+    r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])"
+)
+_PEM_BEGIN = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
+_PEM_END = re.compile(r"-----END [A-Z ]*PRIVATE KEY(?: BLOCK)?-----")
+# The base64 that ends a line of a key under a log prefix (`INFO:root:MIIE...`, `[1,0]<stdout>:MIIE...`), the
+# whole run (a prefix that ends in a letter glued to the body goes with it).
+_PEM_BODY = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/=]+[ \t\r]*$")
+_PEM_HEADER = re.compile(r"(?:Proc-Type|DEK-Info):[^\r\n]*$")
+_BASE64_RUN = re.compile(r"[ \t]*[A-Za-z0-9+/]*={0,2}")
+
+
+def _key_part(plain: str, prefix: str | None, next_plain: str) -> tuple[int, int] | None:
+    """The span of key material on one line of a prefixed key, or None when the line holds none. In turn: a
+    base64 run that fills the rest of the line after the BEGIN line's own prefix (or from the line's start);
+    a header; a base64 run that ends the line and is long (a body line under another prefix, a timestamp that
+    changed) or followed by the END line; last, a long run at the line's start with text after it (an
+    unprefixed key that ends inside the line)."""
+    lead = len(plain) - len(plain.lstrip())
+    starts = [lead]
+    if prefix is not None and prefix.strip() and plain.startswith(prefix.strip(), lead):
+        starts.insert(0, lead + len(prefix.strip()))
+    for start in starts:
+        m = _BASE64_RUN.match(plain, start)
+        if m and not plain[m.end() :].strip():
+            if len(m.group(0).strip()) >= 16 or (prefix is not None and start == starts[0]):
+                return m.start(), m.end()
+    m = _PEM_HEADER.search(plain) or _PEM_BODY.search(plain)
+    if m and (m.re is _PEM_HEADER or len(m.group(0).strip()) >= 16 or _PEM_END.search(next_plain)):
+        return m.start(), m.end()
+    m = _BASE64_RUN.match(plain, lead)
+    if m and len(m.group(0).strip()) >= 16:
+        return m.start(), m.end()
+    return None
+
+
+def _redact_prefixed_keys(text: str) -> str:
+    """PEM private keys whose every line carries a log prefix (a timestamp and level, `INFO:root:`, journald,
+    `[1,0]<stdout>:`, `rank0.log:`, `(pid=123) `, `> `, ANSI colours): each line is read without its ANSI codes
+    and whatever prefix it has, as normalise.py reads it, and the key's lines go from BEGIN to END (or to the first
+    line that is not key material, for a key cut short); a tail whose BEGIN line was cut off goes back from END."""
+    if "PRIVATE KEY" not in text:
+        return text
+    lines = text.split("\n")
+    plains = [_ANSI_CODE.sub("", ln) if "\x1b" in ln else ln for ln in lines]
+    out: list[str] = []
+    prefix: str | None = None  # inside a key: its BEGIN line's prefix
+    for i, plain in enumerate(plains):
+        nxt = plains[i + 1] if i + 1 < len(plains) else ""
+        if prefix is None:
+            begin = _PEM_BEGIN.search(plain)
+            end = _PEM_END.search(plain)
+            rest = plain[begin.end() :] if begin else ""
+            if begin and rest.strip() and not _BASE64_RUN.fullmatch(rest):
+                out.append(plain)  # the key goes on in this line (JSON-escaped `\n`): _PEM_KEY takes it whole
+            elif begin and not (end and end.start() > begin.start()):
+                prefix = plain[: begin.start()]
+                out.append(prefix + "[REDACTED KEY]")
+            elif end and not begin:
+                # A tail: the lines before END that are key material go with it.
+                after = plain
+                while out and _key_part(out[-1], None, after):
+                    out.pop()
+                    after = ""
+                out.append(plain[: end.start()] + "[REDACTED KEY]" + plain[end.end() :])
+            else:
+                out.append(lines[i])
+            continue
+        end = _PEM_END.search(plain)
+        part = None if end else _key_part(plain, prefix, nxt)
+        if end:
+            rest = plain[end.end() :]
+            prefix = None
+        elif part is None:
+            rest = lines[i]
+            prefix = None
+        else:
+            rest = plain[part[1] :]
+            if rest.strip():
+                prefix = None  # the key ended inside this line
+        if rest.strip():
+            out.append(rest)
+    return "\n".join(out)
+
+
 _SECRET_PATTERNS = [
     # Tokens known by their form, wherever they are: Slack, GitHub, GitLab, Hugging Face, OpenAI-style, Stripe,
     # AWS access key ids, Google API keys, npm, JWTs, Slack webhook URLs.
@@ -208,7 +300,7 @@ _SECRET_PATTERNS = [
         re.compile(
             r"(?i)(?<![A-Za-z0-9_.-])(?P<key>"
             + _SECRET_KEY
-            + r")(?P<sep>[\"']?\s{0,8}[=:]\s{0,8})"
+            + r")(?P<sep>(?:\\{0,3}[\"'])?\s{0,8}[=:]\s{0,8})"
             + _SECRET_VALUE
         ),
         _named_secret,
@@ -231,6 +323,22 @@ _SECRET_PATTERNS = [
     ),
     # -pVALUE (mysql, mysqldump): not a port (-p2222), not a compiler flag (-pthread, -pipe, -pedantic, -pie).
     (re.compile(r"(?<![\w-])-p(?!thread|ipe|edantic|ie\b|g\b|[0-9-])([^\s\"',;]{4,})"), "-p[REDACTED]"),
+    # Passwords tools take after a bare -p: `sshpass -p V`, `docker login -p V` (podman, nerdctl, ...).
+    (
+        re.compile(
+            r"(?i)(\b(?:sshpass|(?:docker|podman|nerdctl|buildah|skopeo|oras|helm[ \t]+registry)[ \t]+login)\b"
+            r"(?:(?![ \t]-p)[^\r\n]){0,200}[ \t]-p[ \t]*)(?!\[REDACTED)(?:\"[^\"\r\n]{1,512}\"|'[^'\r\n]{1,512}'|[^\s\"']+)"
+        ),
+        r"\1[REDACTED]",
+    ),
+    # .netrc: `machine HOST login USER password V`, on one line or several.
+    (
+        re.compile(
+            r"(?i)(\b(?:machine[ \t]+\S+|default)(?:\s+(?:login|account|port)\s+\S+){0,4}\s+password\s+)"
+            r"(?!\[REDACTED)\S+"
+        ),
+        r"\1[REDACTED]",
+    ),
     # user:password@ in URLs; the user may be empty (redis://:password@host), the password may hold an @.
     (re.compile(r"(://[^:/\s@]*:)[^\s/]*@"), r"\1[REDACTED]@"),
 ]
@@ -238,7 +346,11 @@ _SECRET_PATTERNS = [
 
 def redact(text: str, known: Iterable[str] = ()) -> str:
     """Blank out tokens, keys and passwords; and every `known` secret value (seen in a rank's environment or
-    argv) wherever it appears."""
+    argv) wherever it appears. Colour codes go first, as the reader's normalising pass takes them off: a key
+    printed in colour (`\x1b[1mpassword\x1b[0m: ...`) is a key all the same."""
+    if "\x1b" in text:
+        text = _ANSI_CODE.sub("", text)
+    text = _redact_prefixed_keys(text)
     text = _PEM_KEY.sub("[REDACTED KEY]", text)
     if "-----END" in text:
         text = _PEM_TAIL.sub("[REDACTED KEY]", text)

@@ -514,6 +514,8 @@ def render(rep: dict, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from hangdx.probes.text import printable
+
     table = Table(
         box=None, pad_edge=False, collapse_padding=True, padding=(0, 1), header_style="bold underline"
     )
@@ -527,7 +529,7 @@ def render(rep: dict, console) -> None:
             c = by_check.get(name)
             mark, style = _MARK[c["status"]] if c else _MARK["skip"]
             cells.append(Text(mark, style=style))
-        table.add_row(Text(h["host"], style="bold" if h["ok"] else "bold red"), *cells)
+        table.add_row(Text(printable(h["host"], False), style="bold" if h["ok"] else "bold red"), *cells)
     console.print(table)
     # One line per problem, never wrapped (easy to grep and paste); nodes with the same problem share it.
     same: dict[tuple, list[str]] = {}
@@ -536,11 +538,12 @@ def render(rep: dict, console) -> None:
     for (status, check, detail, fix), hosts in same.items():
         mark, style = _MARK[status]
         line = Text.assemble(
-            (", ".join(hosts), "bold"), " ", (mark, style), " ", (check, "bold"), ": ", detail
-        )
+            (printable(", ".join(hosts), False), "bold"), " ", (mark, style), " ", (check, "bold"), ": ",
+            printable(detail, False),
+        )  # fmt: skip
         if fix:
             line.append(" -- fix: ")
-            line.append(fix, style="cyan")
+            line.append(printable(fix, False), style="cyan")
         console.print(line, soft_wrap=True)
     total, lacking = rep["total"], rep["total"] - rep["ready"]
     nodes = "the node" if total == 1 else f"all {total} nodes"

@@ -9,9 +9,9 @@ the host, with no critical option it cannot honour. PROTOCOL.certkeys in OpenSSH
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import hmac
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -109,7 +109,10 @@ def _one(pattern: str, name: str) -> bool:
         except ValueError:
             return False
         return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), digest)
-    return fnmatch.fnmatchcase(name.lower(), pattern.lower())
+    # OpenSSH's match_pattern(): `*` is any run and `?` any one character; nothing else is special (a `[host]:port`
+    # pattern is literal brackets, not an fnmatch character class).
+    wild = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
+    return re.fullmatch(wild, name.lower(), re.DOTALL) is not None
 
 
 def check(

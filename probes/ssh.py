@@ -118,14 +118,26 @@ class KnownHosts:
         return kh
 
     def _line(self, line: str) -> None:
+        # Fields are separated by any run of spaces and tabs, as OpenSSH's hostfile.c reads them; paramiko's own
+        # parser wants exactly one space and would drop `@revoked  * KEY`.
+        line = line.strip(" \t\r\n")
         if not line or line.startswith("#"):
             return
         marker = None
         if line.startswith("@"):
-            marker, _, line = line.partition(" ")
+            marker = _marker(line)
+            if marker is None and re.match(r"@revoked[ \t]", line):
+                # OpenSSH's check_markers() ends a marker at the first space when the line has one (so
+                # `@revoked\t* KEY` is no marker to it, and the line is skipped); refusing that key is the
+                # safe reading of what the administrator wrote.
+                marker = "@revoked"
+            if marker is None:
+                return  # an unknown or malformed marker: OpenSSH skips the line
+            line = re.split(r"[ \t]+", line, maxsplit=1)[1] if re.search(r"[ \t]", line) else ""
+        fields = [f for f in re.split(r"[ \t]+", line) if f]
         try:
-            entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
-        except (paramiko.SSHException, ValueError, TypeError):
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields))
+        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError, TypeError):
             return  # a line OpenSSH would skip too: it breaks no other host
         if entry is None or entry.key is None:
             return
@@ -156,12 +168,26 @@ class KnownHosts:
         ]
 
 
-def _lookup_names(spec: HostSpec) -> list[str]:
+def _marker(line: str) -> str | None:
+    """The marker of a known_hosts line as OpenSSH's check_markers() finds it: up to the first space, else the
+    first tab; None unless it is exactly @cert-authority or @revoked."""
+    end = line.find(" ")
+    if end < 0:
+        end = line.find("\t")
+    marker = line[:end] if end > 1 else ""
+    return marker if marker in ("@cert-authority", "@revoked") else None
+
+
+def _lookup_names(spec: HostSpec, certificate: bool = False) -> list[str]:
     """The names known_hosts patterns are matched against: the address hangdx connects to, as OpenSSH writes
-    it, and the node's name as the operator gives it (an inventory maps names to addresses)."""
+    it, and the node's name as the operator gives it (an inventory maps names to addresses). For a host
+    certificate on another port than 22, OpenSSH also tries the names without the port ("found matching key
+    w/out port"), so an `@cert-authority gpu-07 ...` line covers gpu-07 on every port."""
     names = [_known_hosts_name(spec)]
     if spec.name != spec.connect_to:
         names.append(spec.name if spec.port == 22 else f"[{spec.name}]:{spec.port}")
+    if certificate and spec.port != 22:
+        names += [spec.connect_to] + ([spec.name] if spec.name != spec.connect_to else [])
     return names
 
 
@@ -187,7 +213,7 @@ class _RejectUnknown(paramiko.RejectPolicy):
                 f"{self.label}: {_hostport(spec)} offers {_fingerprint(key)}, a key marked @revoked in "
                 f"{self.known_hosts}; nothing was run",
             )
-        authorities = self.kh.authorities_for(_lookup_names(spec))
+        authorities = self.kh.authorities_for(_lookup_names(spec, certificate=True))
         if authorities:
             why = host_certificate.check(key, [spec.connect_to, spec.name], authorities, self.kh.revoked)
             if why is None:
@@ -356,7 +382,7 @@ class _Probe:
             ) from None
         kh.install(client)
         factory = None
-        if kh.authorities_for(_lookup_names(spec)) and not client.get_host_keys().lookup(
+        if kh.authorities_for(_lookup_names(spec, certificate=True)) and not client.get_host_keys().lookup(
             _known_hosts_name(spec)
         ):
             factory = (

@@ -73,7 +73,7 @@ def _press(s: Surfaces, body: dict, action: dict, client) -> None:
         if not submitted(s.submit, req, f"diagnosis of job {job_id}", say):
             return
     if name == "resolve" and s.resolution is not None:
-        views.ask(client, body.get("trigger_id"), job_id)  # first: its trigger lasts 3 s
+        views.ask(client, body.get("trigger_id"), job_id, channel)  # first: its trigger lasts 3 s
     if s.on_action is not None:
         try:
             s.on_action(name, job_id, user)

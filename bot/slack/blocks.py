@@ -233,7 +233,8 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
         context.append("Also considered: " + "; ".join(others))
     notes = verdict.get("notes") or []
     if notes:
-        context.append("; ".join(escape(n, 300) for n in notes[:3]).capitalize())
+        # As written: a note starts with a node name or holds a thread link, which a change of case breaks.
+        context.append("Notes: " + "; ".join(escape(n, 300) for n in notes[:3]))
     gaps = verdict.get("gaps") or []
     if gaps:
         context.append("Not collected: " + "; ".join(escape(g) for g in gaps[:5]))

@@ -354,7 +354,14 @@ def live_bot(redis_url: str, **env: str) -> Iterator[LiveBot]:
         }
         cfg = BotConfig.from_env(settings)
         service = Service(cfg, client=slack_client(cfg))
-        _, flask_app = build_app(cfg, service.submit, service.on_action, service.report, store=service.store)
+        _, flask_app = build_app(
+            cfg,
+            service.submit,
+            service.on_action,
+            service.report,
+            store=service.store,
+            resolution=service.resolution,  # as `hangdx serve` wires it: the Resolve dialog
+        )
         server = make_server("127.0.0.1", 0, flask_app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()

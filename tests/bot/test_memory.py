@@ -172,7 +172,8 @@ def test_resolve_opens_the_dialog_and_its_answer_is_kept():
             assert bot.wait(lambda: slack.calls_to("views.open"))
             view = slack.calls_to("views.open")[0].body["view"]
             view = json.loads(view) if isinstance(view, str) else view
-            assert view["callback_id"] == "hangdx_resolution" and view["private_metadata"] == "4242"
+            assert view["callback_id"] == "hangdx_resolution"
+            assert json.loads(view["private_metadata"])["job_id"] == "4242"
             submission = {
                 "type": "view_submission", "team": {"id": "T0HANGDX1"}, "user": {"id": ONCALL},
                 "api_app_id": "A0HANGDX01", "token": "gIkuvaNzQIHg97ATvDxqgjtO", "trigger_id": "1.2.3",

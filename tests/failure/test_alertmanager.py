@@ -138,4 +138,4 @@ def test_an_exporter_alert_through_alertmanager_diagnoses_the_job_with_the_inven
     events = [e["event"] for e in IncidentStore(bot.conn).get(job).timeline]
     assert events.count("opened") == 1 and "request" in events, events
     said = json.dumps([c.body for c in bot.slack.delivered("chat.postMessage")])
-    assert "Alert fired on node-a" in said
+    assert "Notes: alert fired on node-a" in said  # the note as written (row 22: no .capitalize())

@@ -347,6 +347,95 @@ def test_a_revoked_host_key_is_refused_even_when_listed(sshd, tmp_path):
     assert not sshd.command_log.exists()
 
 
+def _openssh_accepts(sshd, known_hosts: Path, port: int) -> bool:
+    """What the real `ssh` client decides with this known_hosts file (the reference hangdx must agree with)."""
+    r = subprocess.run(
+        ["ssh", "-F", "/dev/null", "-p", str(port), "-i", sshd.client_key, "-o", "IdentitiesOnly=yes",
+         "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+         "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", f"root@{LOOPBACK}", "true"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("gap", ["  ", "\t", " \t ", "\t\t"], ids=repr)
+def test_a_revoked_marker_with_any_whitespace_is_honoured(sshd, tmp_path, gap):
+    """Row 8: `@revoked  * KEY` (two spaces, a tab) was dropped and hangdx connected to a key OpenSSH refuses."""
+    host_type, host_b64 = sshd.host_pub.read_text().split()[:2]
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"@revoked{gap}*{gap}{host_type}{gap}{host_b64}\n" + Path(sshd.known_hosts).read_text())
+    assert not _openssh_accepts(sshd, kh, sshd.main_port)
+    sshd.command_log.unlink(missing_ok=True)
+    doc = probe_host(sshd.host(port=sshd.record_port), sshd.settings(known_hosts=str(kh)), b"", _deadline())
+    kind, message = _problem(doc)
+    assert kind == "host_key_changed" and "marked @revoked" in message, message
+    assert not sshd.command_log.exists()
+
+
+@pytest.mark.parametrize(
+    "pattern, accepted",
+    [
+        ("[127.0.0.1]:{port}", True),
+        ("[127.0.0.?]:{port}", True),
+        ("[127.0.0.*]:{port}", True),
+        ("[127.0.0.1]:?{rest}", True),
+        ("[127.0.0.2]:{port}", False),
+        ("[127.0.0.1]:1{port}", False),
+        ("127.0.0.1", True),  # for a certificate OpenSSH also tries the name without the port
+        ("127.0.0.?", True),
+        ("[127.0.0.1]", False),
+        ("1]:{port}", False),
+        ("[127.0.0.1]:{port},![127.0.0.1]:{port}", False),
+    ],
+)
+def test_cert_authority_patterns_match_as_openssh_matches_them(sshd, tmp_path, pattern, accepted):
+    """Row 8: `[host]:port` and `?` under @cert-authority were read as fnmatch classes and never matched."""
+    _hangdx_agrees_with_openssh(
+        sshd, tmp_path, "@cert-authority  {names} {ca_type}\t{ca_b64}", pattern, accepted
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "@cert-authority {names} {ca_type} {ca_b64}",
+        "@cert-authority\t{names}\t{ca_type}\t{ca_b64}",
+        "  @cert-authority \t {names}  {ca_type}  {ca_b64}  ",
+        "@cert-authority\t{names} {ca_type} {ca_b64}",  # OpenSSH ends the marker at the first space: no marker
+        "@cert-authority{names} {ca_type} {ca_b64}",
+        "@Cert-Authority {names} {ca_type} {ca_b64}",
+    ],
+    ids=repr,
+)
+def test_cert_authority_markers_are_read_as_openssh_reads_them(sshd, tmp_path, line):
+    _hangdx_agrees_with_openssh(sshd, tmp_path, line, "[127.0.0.1]:{port}", None)
+
+
+def _hangdx_agrees_with_openssh(sshd, tmp_path, line: str, pattern: str, accepted: bool | None) -> None:
+    ca_type, ca_b64 = (sshd.root / "ca.pub").read_text().split()[:2]
+
+    def known_hosts(name: str, port: int) -> Path:
+        path = tmp_path / name
+        names = pattern.format(port=port, rest=str(port)[1:])
+        path.write_text(line.format(names=names, ca_type=ca_type, ca_b64=ca_b64) + "\n")
+        return path
+
+    # The reference: the real client against the same server (both ports offer the same certified host key).
+    openssh = _openssh_accepts(sshd, known_hosts("reference", sshd.main_port), sshd.main_port)
+    if accepted is None:
+        accepted = openssh
+    assert openssh is accepted
+    kh = known_hosts("known_hosts", sshd.record_port)
+    sshd.command_log.unlink(missing_ok=True)
+    doc = probe_host(
+        sshd.host(port=sshd.record_port), sshd.settings(known_hosts=str(kh)), b"true", _deadline()
+    )
+    if accepted:
+        assert sshd.command_log.exists(), doc.get("problem")
+    else:
+        assert _problem(doc)[0] == "host_key_unknown" and not sshd.command_log.exists()
+
+
 def test_a_host_only_a_cert_authority_covers_is_reached_on_its_host_certificate(sshd, tmp_path, fake_job):
     """Issue 10.8: a site with an SSH CA lists the CA, not each host; the host's certificate is checked."""
     ca_type, ca_b64 = (sshd.root / "ca.pub").read_text().split()[:2]
