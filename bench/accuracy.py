@@ -97,7 +97,9 @@ def sealed(folder: str = SEALED) -> int:
     print("-" * 55)
     right, total, cright, named = (sum(r[i] for r in tally.values()) for i in range(4))
     pct = 100 * right / total if total else 0.0
-    print(f"{'total':24} {f'{right}/{total}':>15} {f'{cright}/{named}':>14}   ({pct:.0f}% of categories right)")
+    print(
+        f"{'total':24} {f'{right}/{total}':>15} {f'{cright}/{named}':>14}   ({pct:.0f}% of categories right)"
+    )
     return 0
 
 

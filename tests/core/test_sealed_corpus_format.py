@@ -76,7 +76,9 @@ def test_every_sealed_artifact_has_its_sidecar_and_no_url_is_used_twice():
 
 def test_no_sealed_url_is_also_in_the_real_corpus():
     real = Path(__file__).resolve().parent.parent / "fixtures" / "real"
-    used = {str((yaml.safe_load(s.read_text()) or {}).get("url", "")).split("#")[0] for s in real.glob("*.yaml")}
+    used = {
+        str((yaml.safe_load(s.read_text()) or {}).get("url", "")).split("#")[0] for s in real.glob("*.yaml")
+    }
     clash = [
         s.name
         for s in sorted(SEALED.glob("*.yaml"))
