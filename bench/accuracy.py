@@ -2,6 +2,7 @@
 
     python bench/accuracy.py [--faults a,b] [--repeat N]
     python bench/accuracy.py --real      # the real-world corpus instead (bench/real.py)
+    python bench/accuracy.py --sealed    # the sealed corpus: counts only, never a case (tests/fixtures/sealed/)
 
 Prints: scenario, expected category, found category, culprit right, seconds from the start of
 `hangdx diagnose` to the verdict (the whole command, Python start-up included), peak memory of the
@@ -45,12 +46,76 @@ def diagnose(job_id: str) -> tuple[dict | None, float, float, str]:
     return verdict, seconds, usage.ru_maxrss / 1024, err
 
 
+SEALED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "sealed")
+
+
+def sealed(folder: str = SEALED) -> int:
+    """`hangdx analyze --json` on every sealed case; prints only counts per category, never a case or a line of one.
+
+    The sealed set measures how the rules generalise: whoever writes rules must not learn which case failed, so
+    nothing here names a case, quotes it, or says which one was missed.
+    """
+    import yaml
+
+    tally: dict[str, list[int]] = {}  # category -> [category right, total, culprit right, culprit named]
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".yaml"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            meta = yaml.safe_load(f) or {}
+        expected = str(meta.get("category", "unknown"))
+        culprit = meta.get("culprit") or {}
+        want_ranks = {int(r) for r in culprit.get("ranks") or []}
+        want_hosts = {str(h) for h in culprit.get("hosts") or []}
+        log = os.path.join(folder, name[: -len(".yaml")] + ".log")
+        proc = subprocess.run(
+            [sys.executable, "-m", "hangdx", "analyze", log, "--json"],
+            capture_output=True,
+            timeout=300,
+        )
+        try:
+            rc = json.loads(proc.stdout).get("root_cause") or {}
+        except ValueError:
+            rc = {}
+        found = rc.get("category")
+        got = rc.get("culprit") or {}
+        row = tally.setdefault(expected, [0, 0, 0, 0])
+        row[0] += found == expected
+        row[1] += 1
+        if want_ranks or want_hosts:
+            row[3] += 1
+            row[2] += (
+                found == expected
+                and {int(r) for r in got.get("ranks") or []} == want_ranks
+                and want_hosts <= {str(h) for h in got.get("hosts") or []}
+            )
+    print(f"{'category':24} {'category right':>15} {'culprit right':>14}")
+    print("-" * 55)
+    for cat in sorted(tally):
+        right, total, cright, named = tally[cat]
+        print(f"{cat:24} {f'{right}/{total}':>15} {f'{cright}/{named}' if named else '-':>14}")
+    print("-" * 55)
+    right, total, cright, named = (sum(r[i] for r in tally.values()) for i in range(4))
+    pct = 100 * right / total if total else 0.0
+    print(
+        f"{'total':24} {f'{right}/{total}':>15} {f'{cright}/{named}':>14}   ({pct:.0f}% of categories right)"
+    )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--faults", help="comma-separated faults (default: all)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--real", action="store_true", help="the real-world corpus in tests/fixtures/real/")
+    ap.add_argument(
+        "--sealed",
+        action="store_true",
+        help="the sealed corpus in tests/fixtures/sealed/: prints counts per category only, never a case",
+    )
     args = ap.parse_args()
+    if args.sealed:
+        return sealed()
     if args.real:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import real
