@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import BinaryIO
 
-from hangdx.probes import registry
+from hangdx.probes import catalogue as catalogue_mod
+from hangdx.probes import registry, signals
 from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
 
@@ -69,6 +70,7 @@ class ReadReport:
     regions: list[Region] = field(default_factory=list)
     collectives_seen: int = 0  # NCCL collective lines in the whole input (most of them not kept)
     dropped_lines: int = 0  # lines of the middle of a huge input left out (neither head, tail nor fault)
+    signals: int = 0  # lines a row of the signal catalogue matched
 
     @property
     def kinds(self) -> list[str]:
@@ -86,11 +88,14 @@ class ReadReport:
                 spans.setdefault(r.kind, []).append(
                     f"{r.first}-{r.last}" if r.last > r.first else str(r.first)
                 )
-        if not spans:
+        if not spans and not self.signals:
             return ""
         parts = [f"{_SHOWN.get(kind, kind)} (lines {_short(s)})" for kind, s in spans.items()]
         skipped = sum(r.lines for r in self.skipped)
-        text = f"{self.name}: read as " + ", ".join(parts)
+        text = f"{self.name}: read as " + ", ".join(parts) if parts else f"{self.name}: no known layout"
+        if self.signals:
+            n = self.signals
+            text += f"; {n} line{'s' if n != 1 else ''} matched the signal catalogue"
         if skipped:
             text += f"; skipped {skipped} line{'s' if skipped != 1 else ''} no parser reads"
         if self.collectives_seen > 1000:
@@ -101,7 +106,9 @@ class ReadReport:
 class Keeper:
     """Reads a text in chunks and keeps, in bounded memory, the lines a verdict can need."""
 
-    def __init__(self) -> None:
+    def __init__(self, cat: catalogue_mod.Catalogue | None = None) -> None:
+        self.cat = cat  # its rows' lines are kept wherever they are, like fault lines
+        self._sig: set[int] = set()  # numbers of this piece's lines that a row may match
         self.lineno = 0  # lines fully read so far
         self.bytes = 0
         self.head: list[tuple[int, bytes]] = []
@@ -157,6 +164,7 @@ class Keeper:
         n = _newlines(buf, lo, hi)
         base = self.lineno
         if n < 256:
+            self._signal_lines(buf, lo, hi, base)
             self._lines(buf[lo:hi].split(b"\n")[:-1], base)
             self.lineno = base + n
             return
@@ -178,6 +186,7 @@ class Keeper:
             self._coll_tails(buf, lo, hi, base, n)
             self.lineno = base + n
             return
+        self._signal_lines(buf, lo, hi, base)
         parts = buf[lo:hi].split(b"\n")[:-1]
         if coll > n // 2:
             self.collectives += coll
@@ -205,7 +214,7 @@ class Keeper:
             self.head.append((no, ln))
             self._note_proc(ln)
             return
-        if _FAULT.search(ln):
+        if _FAULT.search(ln) or no in self._sig:
             self.context = CONTEXT_LINES
             self._middle(no, ln)
             self._note_proc(ln)
@@ -216,6 +225,17 @@ class Keeper:
             if len(self.tail) == self.tail.maxlen:
                 self.dropped += 1
             self.tail.append((no, ln))
+
+    def _signal_lines(self, buf: bytes, lo: int, hi: int, base: int) -> None:
+        """Numbers of the lines of buf[lo:hi] a catalogue row may match: one scan of the bytes, no line split."""
+        self._sig = set()
+        if self.cat is None or len(self.head) < HEAD_LINES:
+            return  # the head is kept whole anyway
+        no, at = base + 1, lo
+        for start in self.cat.line_starts(buf, lo, hi):
+            no += buf.count(b"\n", at, start)
+            at = start
+            self._sig.add(no)
 
     def _middle(self, no: int, ln: bytes) -> None:
         if len(self.middle) < MIDDLE_MAX:
@@ -376,8 +396,9 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
                 out.append(pending)
                 pending = None
             if pending is not None:
+                parts = (pending.parts or (pending.text,)) + (ln.text,)
                 ln = Line(pending.no, pending.text + " " + ln.text.lstrip(), pending.rank, pending.host,
-                          pending.pid, pending.label, pending.torchrun)  # fmt: skip
+                          pending.pid, pending.label, pending.torchrun, parts)  # fmt: skip
                 pending = None
             if joins_next(ln.text):
                 pending = ln
@@ -456,7 +477,8 @@ def regions(lines: list[Line], mods: list[ModuleType]) -> list[tuple[str | None,
 
 def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
     """Read a text of any size into ev, streaming; what was read as what is in the report."""
-    keeper = Keeper()
+    cat = signals.current(ev)
+    keeper = Keeper(cat)
     for data in chunks:
         keeper.feed(data)
     kept = keeper.close()
@@ -469,7 +491,12 @@ def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
     )
     mods = _claimers()
     by_kind = {m.KIND: m for m in mods}
-    for (host, pid, _label), glines in by_source(clean(kept)).items():
+    lines = clean(kept)
+    # Every clean line meets every catalogue row; the hits become events after the region parsers ran, so that
+    # a line a parser read is not counted twice.
+    hits = signals.find(cat, lines) if cat is not None else []
+    events_before, colls_before = len(ev.events), len(ev.collectives)
+    for (host, pid, _label), glines in by_source(lines).items():
         gsrc = Source(src.name, host=host or src.host, rank=src.rank, pid=pid if pid is not None else src.pid)
         cut = regions(glines, mods)
         if all(
@@ -483,6 +510,8 @@ def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
             if kind is not None:
                 _region(by_kind[kind], rlines, gsrc, ev)
         ev.note_host(gsrc.host)
+    if hits:
+        report.signals = signals.apply(hits, src, ev, events_before, colls_before)
     note = report.describe()
     if note:
         ev.reads.append(note)
@@ -559,7 +588,7 @@ def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = No
     before = registry._size(ev)
     report = read_text(rest(), src, ev)
     kinds = {r.kind for r in report.regions if r.kind}
-    if len(kinds) == 1 and registry._size(ev) == before:
+    if len(kinds) == 1 and registry._size(ev) == before and not report.signals:
         mod = next((m for m in registry.parsers() if m.KIND in kinds), None)
         if mod is not None and not getattr(mod, "QUIET_WHEN_EMPTY", False):
             ev.gap(
@@ -570,7 +599,7 @@ def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = No
         ev.gap(
             src.name, f"read the first {limit:,} bytes of an input that did not end: the rest was not read"
         )
-    if not any(r.kind for r in report.regions):
+    if not any(r.kind for r in report.regions) and not report.signals:
         ev.gap(
             src.name,
             f"not a known artifact (text of {report.total_bytes} bytes): skipped (looked for {looked_for()})",
