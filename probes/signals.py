@@ -110,7 +110,9 @@ def apply(hits: list[Hit], src: Source, ev: Evidence, events_before: int, colls_
             "signal_category": h.row.category,
             "signal_strength": h.row.strength,
         }
-        same = read_by_parsers.get(h.line.no) or _same_story(h, by_kind.get(h.row.event, ()))
+        same = _same_message(h, read_by_parsers.get(h.line.no, ())) or _same_story(
+            h, by_kind.get(h.row.event, ())
+        )
         if same:
             for e in same:
                 for k, v in marks.items():
@@ -125,6 +127,14 @@ def apply(hits: list[Hit], src: Source, ev: Evidence, events_before: int, colls_
         ev.note_host(ev.events[-1].host)
         added += 1
     return added
+
+
+def _same_message(h: Hit, events: Iterable[LogEvent]) -> list[LogEvent]:
+    """Parser events of the hit's own line that tell its message (a line may hold two: a bar, then an error)."""
+    core = h.text.strip()[:200]
+    return [
+        e for e in events if e.kind == h.row.event or core in e.quote.text or e.quote.text.strip() in h.text
+    ]
 
 
 def _same_story(h: Hit, events: Iterable[LogEvent]) -> list[LogEvent]:
