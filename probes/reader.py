@@ -358,6 +358,14 @@ _SHOWN = {
 }
 
 
+def readable(ev: Evidence) -> bool:
+    """Whether anything was read: a record, a catalogue line, or a layout a parser knew (even with nothing of
+    note in it). What is not readable is a text in which no row matched and no structure was read: the CLI's
+    exit 2 and the bot's "no evidence" reply, decided here for both."""
+    found = ev.stacks or ev.processes or ev.collectives or ev.events or ev.gpus or ev.ib_ports or ev.links
+    return bool(found or ev.reads)
+
+
 def looked_for() -> str:
     """The kinds hangdx reads, as a person names them: for a reply that found none of them."""
     return ", ".join(_SHOWN.get(k, k) for k in sorted({m.KIND for m in registry.parsers()}))
