@@ -12,8 +12,12 @@ its fields extracted, by the row's Python `re` on the one line it sits on, so bo
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
+import hashlib
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -60,6 +64,7 @@ _FORBIDDEN = [
     (re.compile(r"\(\?[aiLmsux]+\)"), "inline flag"),
 ]
 _GROUP_NAME = re.compile(r"\(\?P<\w+>")
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml parses hundreds of rows ten times faster
 _EVENT = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -341,7 +346,7 @@ def load_rows(files: list[tuple[str, str]]) -> list[Row]:
     seen: dict[str, str] = {}
     for name, text in files:
         try:
-            raws = yaml.safe_load(text)
+            raws = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (libyaml's when there is one)
         except yaml.YAMLError as e:
             probs.append(f"{name}: not YAML: {' '.join(str(e).split())[:200]}")
             continue
@@ -503,7 +508,11 @@ def _prefilter(rows: list[Row]) -> _Prefilter:
 
 
 def _hyperscan_db(rows: list[Row]) -> Any:
-    """One Hyperscan block-mode database of every row (group names stripped); None without hyperscan."""
+    """One Hyperscan block-mode database of every row (group names stripped); None without hyperscan.
+
+    Compiling takes a noticeable part of a second for a few dozen rows (more for hundreds), which every
+    `hangdx analyze` would pay: the compiled database is kept in the user's cache, named by a hash of what
+    was compiled, and only loaded when it is there."""
     try:
         import hyperscan
     except ImportError:
@@ -515,6 +524,18 @@ def _hyperscan_db(rows: list[Row]) -> Any:
         exprs.append(_GROUP_NAME.sub("(", r.pattern).encode("utf-8"))
         # No SINGLEMATCH: one scan covers many lines, and each line must report its own match.
         flags.append(hyperscan.HS_FLAG_CASELESS if r.flags == "i" else 0)
+    key = hashlib.sha256(repr((getattr(hyperscan, "__version__", ""), exprs, flags)).encode()).hexdigest()[
+        :32
+    ]
+    cached = _cache_read(key)
+    if cached is not None:
+        try:
+            db = hyperscan.loadb(cached, hyperscan.HS_MODE_BLOCK)
+            db.scratch = hyperscan.Scratch(db)  # a loaded database comes without one
+            db.scan(b"probe", match_event_handler=lambda *_: None)
+            return db
+        except Exception:  # noqa: BLE001 - a stale or damaged cache is compiled again
+            pass
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     try:
         db.compile(expressions=exprs, ids=list(range(len(rows))), flags=flags)
@@ -522,7 +543,42 @@ def _hyperscan_db(rows: list[Row]) -> Any:
         at = re.search(r"(\d+)", str(e))
         rid = rows[int(at.group(1))].id if at and int(at.group(1)) < len(rows) else "?"
         raise CatalogueError(f"hyperscan cannot compile the catalogue (row {rid}): {e}") from None
+    try:
+        _cache_write(key, hyperscan.dumpb(db))
+    except Exception:  # noqa: BLE001 - no cache (a read-only home): compiled each time, still right
+        pass
     return db
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hangdx"
+
+
+def _cache_read(key: str) -> bytes | None:
+    """The cached database, only from a file this user owns that nobody else may write."""
+    path = _cache_dir() / f"catalogue-{key}.hsdb"
+    try:
+        st = path.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
+        return path.read_bytes()
+    except (OSError, AttributeError):
+        return None
+
+
+def _cache_write(key: str, data: bytes) -> None:
+    d = _cache_dir()
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".catalogue-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, d / f"catalogue-{key}.hsdb")
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def hyperscan_compiles(row: Row) -> str | None:
