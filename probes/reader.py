@@ -179,7 +179,7 @@ class Keeper:
             if cut >= hi:
                 return
             lo, n, base = cut, n - (self.lineno - base), self.lineno
-        coll = buf.count(_COLL, lo, hi)
+        coll = n if _all_marked(buf, lo, hi, n) else buf.count(_COLL, lo, hi)
         if coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0:
             # Nothing but collective lines: only each process's last ones can matter.
             self.collectives += coll
@@ -320,6 +320,27 @@ def _newlines(buf: bytes, lo: int, hi: int) -> int:
         return buf.count(b"\n", lo, hi)
     np = _numpy
     return int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo) == 10))
+
+
+_OPC = int.from_bytes(_COLL[:4], "little")  # ` opC`, the marker's first four bytes, as a little-endian word
+
+
+def _all_marked(buf: bytes, lo: int, hi: int, n: int) -> bool:
+    """Whether buf[lo:hi] holds as many markers as lines: the test for a piece of nothing but collective lines.
+
+    bytes.count's substring search was half of the time of reading a big NCCL log. numpy compares the marker's
+    first four bytes as 32-bit words, at each of the four alignments, about three times faster; when that count
+    is not the number of lines the caller counts exactly as before. (The test was, and stays, a count: a line
+    with two markers can hide one with none. Hyperscan was measured too: one scan of a piece costs what
+    bytes.count does before any match is reported.)"""
+    if hi - lo < 1 << 20 or not _numpy:
+        return False
+    np = _numpy
+    total = 0
+    for align in range(4):
+        words = np.frombuffer(buf, dtype="<u4", count=(hi - lo - align) // 4, offset=lo + align)
+        total += int(np.count_nonzero(words == _OPC))
+    return total == n
 
 
 def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
