@@ -521,7 +521,7 @@ def _hyperscan_db(rows: list[Row]) -> Any:
         return None
     exprs, flags = [], []
     for r in rows:
-        exprs.append(_GROUP_NAME.sub("(", r.pattern).encode("utf-8"))
+        exprs.append(_short_tail(_GROUP_NAME.sub("(", r.pattern)).encode("utf-8"))
         # No SINGLEMATCH: one scan covers many lines, and each line must report its own match.
         flags.append(hyperscan.HS_FLAG_CASELESS if r.flags == "i" else 0)
     key = hashlib.sha256(repr((getattr(hyperscan, "__version__", ""), exprs, flags)).encode()).hexdigest()[
@@ -548,6 +548,22 @@ def _hyperscan_db(rows: list[Row]) -> Any:
     except Exception:  # noqa: BLE001 - no cache (a read-only home): compiled each time, still right
         pass
     return db
+
+
+_TAIL_REPEAT = re.compile(r"\{(\d+),(\d+)\}(\)*)$")
+
+
+def _short_tail(pattern: str) -> str:
+    """The pattern with its trailing bounded repeat cut to its least (`[^\n]{1,300}` to `[^\n]{1}`).
+
+    Hyperscan reports every end of a match: a field of up to 300 characters at the end of a row would call back
+    300 times per line. Cut, it still matches every line the row matches (and maybe more), which is all a
+    candidate needs: the row's own `re` confirms it and reads the whole field."""
+    m = _TAIL_REPEAT.search(pattern)
+    if not m:
+        return pattern
+    least = int(m.group(1))
+    return pattern[: m.start()] + (f"{{{least}}}" if least else "?") + m.group(3)
 
 
 def _cache_dir() -> Path:
