@@ -115,7 +115,7 @@ def run(ev: Evidence) -> Verdict:
     findings: list[Finding] = []
     statuses: list[str] = []
     for pb in playbooks():
-        for m in pb.func(facts):
+        for m in _matches(pb, facts, ev):
             ctx = {"facts": facts, "culprit": m.culprit, "have": have, **m.context}
             summary, fix, steps = _words(m.template or pb.name, ctx)
             findings.append(
@@ -158,6 +158,19 @@ def _matcher_note(ev: Evidence) -> list[str]:
     return [
         "signal catalogue matched by its pure-Python path (hyperscan is not installed): same hits, slower on big logs"
     ]
+
+
+def _matches(pb: Playbook, facts: Facts, ev: Evidence) -> list[Match]:
+    """One playbook's matches; a playbook that fails on evidence it did not expect (an event a catalogue row
+    made, short of a field) is a gap, never the end of the verdict."""
+    try:
+        return list(pb.func(facts))
+    except Exception as e:  # noqa: BLE001
+        ev.gap(
+            f"playbook {pb.name}",
+            f"failed on this evidence: {type(e).__name__}: {' '.join(str(e).split())[:200]}",
+        )
+        return []
 
 
 def _have(ev: Evidence) -> dict[str, bool]:

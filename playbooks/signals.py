@@ -48,8 +48,14 @@ _ABSENTEES = re.compile(r"monitored_barrier")  # these name the ranks that did n
 _SAFE_NAME = re.compile(r"[A-Za-z0-9…][\w.\-…]{0,62}")
 
 
+def _kind(e: LogEvent) -> str:
+    return str(
+        e.fields.get("signal_event") or e.kind
+    )  # a kind kept aside for lack of fields (probes/signals.py)
+
+
 def _waiting(e: LogEvent) -> bool:
-    return bool(_WAITING.search(e.kind))
+    return bool(_WAITING.search(_kind(e)))
 
 
 def _gpu(e: LogEvent) -> str | None:

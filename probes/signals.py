@@ -171,8 +171,24 @@ def _event(h: Hit, src: Source, marks: dict[str, Any]) -> LogEvent:
     if ln.text != h.text:
         fields["rejoined"] = True
     quote = Quote(src.name, ln.no, (ln.torchrun + h.text)[:2000])
-    return LogEvent(kind=h.row.event, quote=quote, host=host, rank=rank, pid=pid, fields=fields)
+    kind = h.row.event
+    if not NEEDS.get(kind, frozenset()) <= fields.keys():
+        kind, fields["signal_event"] = SIGNAL_KIND, kind
+    return LogEvent(kind=kind, quote=quote, host=host, rank=rank, pid=pid, fields=fields)
 
+
+# Kinds whose playbooks read fields by name, without a fallback: a catalogue line of such a kind that lacks them
+# is kept as a plain `signal` event (its kind in fields["signal_event"]), read by the signals playbook only.
+NEEDS: dict[str, frozenset[str]] = {
+    "step_counter": frozenset({"n", "first"}),
+    "progress": frozenset({"n", "first"}),
+    "nccl_tests_run": frozenset({"metrics"}),
+    "node_set_result": frozenset({"hosts", "value", "higher_is_better"}),
+    "rank_timing": frozenset({"metrics"}),
+    "pp_actions": frozenset({"actions"}),
+    "p2p_matrix": frozenset({"header_quote"}),
+}
+SIGNAL_KIND = "signal"
 
 # Kinds whose `rank` field names another rank than the one printing (the barrier's absentees): not the speaker.
 _RANK_NAMES_OTHERS = frozenset({"monitored_barrier_timeout", "monitored_barrier_failed", "desync_report"})

@@ -118,3 +118,45 @@ def _analyze(tmp_path, text: str) -> int:
 def test_exit_2_only_when_nothing_is_read(tmp_path):
     assert _analyze(tmp_path, "hello\nthis is a recipe for bread\n") == 2
     assert _analyze(tmp_path, "...-48:34050:34121 [0] NCCL WARN NET/IB : Got async event : port error\n") == 0
+
+
+NEW_KINDS = """
+- id: test.framework.step_line
+  emitter: SomeFramework
+  source: someone/framework src/loop.py
+  pattern: 'finished training step (?P<step>\\d{1,9})'
+  fields: [step]
+  event: step_counter
+  category: null
+  strength: context
+  meaning: a progress line without the fields the uneven-loops playbook reads
+  examples: ['[rank 0] finished training step 12']
+- id: test.kernel.soft_lockup
+  emitter: Linux kernel
+  source: torvalds/linux kernel/watchdog.c
+  pattern: 'watchdog: BUG: soft lockup - CPU#(?P<cpu>\\d{1,4}) stuck for (?P<timeout_s>\\d{1,6})s'
+  fields: [cpu, timeout_s]
+  event: soft_lockup
+  category: io_stall
+  strength: suggestive
+  meaning: A CPU ran kernel code without scheduling for that long.
+  examples: ['watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python:4242]']
+"""
+
+
+def test_rows_of_kinds_merged_later_are_read_and_weighed_without_crashing(monkeypatch):
+    rows = catalogue.load().rows + catalogue.load_rows([("test.yaml", NEW_KINDS)])
+    cat = catalogue.Catalogue(rows)
+    monkeypatch.setattr(catalogue, "load", lambda engine=None: cat)
+    text = (
+        "[rank0]: finished training step 12\n[rank1]: finished training step 11\n"
+        "node-4: [ 99.1] watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python:4242]\n"
+    )
+    ev = Evidence()
+    reader.read_text([text.encode()], Source("paste.txt"), ev)
+    # A kind whose playbook needs fields the row lacks is kept aside, not fed to that playbook.
+    assert not ev.events_of("step_counter") and len(ev.events_of("signal")) == 2
+    verdict = engine.run(ev)
+    assert not [g for g in verdict.gaps if "playbook" in g]
+    top = verdict.root_cause
+    assert top.category == "io_stall" and top.culprit.hosts == ["node-4"]
