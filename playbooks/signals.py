@@ -66,7 +66,25 @@ def _gpu(e: LogEvent) -> str | None:
     return None
 
 
-def _culprit(events: list[LogEvent]) -> Culprit:
+_PORT = re.compile(r"<\d{1,5}>$|:\d{1,5}$")
+
+
+def _peer(e: LogEvent) -> str | None:
+    """The peer a line blames (`closed by remote peer node2<55555>`, `[10.0.0.7]:35411`), without its port."""
+    value = e.fields.get("peer")
+    if not value:
+        return None
+    return _PORT.sub("", str(value).strip("[]")).strip("[]") or None
+
+
+def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
+    # A line that says its peer went away is printed by the survivor: for a crash, the peer is the culprit.
+    blamed = [e for e in events if category == "rank_crashed" and _peer(e)]
+    if blamed:
+        others = [e for e in events if e not in blamed]
+        c = _culprit(others) if others else Culprit()
+        c.hosts = sorted(set(c.hosts) | {p for e in blamed if (p := _peer(e))})
+        return c
     ranks = sorted({e.rank for e in events if e.rank is not None})
     hosts = sorted({e.host for e in events if e.host})
     gpus = list(dict.fromkeys(g for e in events if (g := _gpu(e))))
@@ -133,7 +151,7 @@ def signals(facts: Facts) -> Iterator[Match]:
         if not events:
             continue
         base = DECISIVE.get(category, DECISIVE_DEFAULT) if decisive else SUGGESTIVE
-        culprit = _culprit(events)
+        culprit = _culprit(events, category)
         victims = sorted({e.rank for e in waiting if e.rank is not None} - set(culprit.ranks))
         yield Match(
             category,
