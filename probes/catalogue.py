@@ -388,6 +388,7 @@ class Catalogue:
             elif engine == "hyperscan":
                 raise CatalogueError("hyperscan is not importable")
         self._pre = _prefilter(rows)
+        self._raw: dict[tuple[bytes, ...], Any] = {}
 
     # -- lines of text ---------------------------------------------------------------------------------------
 
@@ -440,18 +441,29 @@ class Catalogue:
 
     # -- raw bytes (the reader's chunks) ----------------------------------------------------------------------
 
-    def line_starts(self, buf: bytes, lo: int, hi: int) -> list[int]:
+    def with_words(self, words: bytes) -> Any:
+        """A Hyperscan database of every row and of `words` (a caseless byte pattern: the reader's fault words),
+        for `line_starts(..., db=)`: one pass finds both. None without Hyperscan."""
+        if self._hs is None:
+            return None
+        key = (words,)
+        if key not in self._raw:
+            self._raw[key] = _hyperscan_db(self.rows, (words,))
+        return self._raw[key]
+
+    def line_starts(self, buf: bytes, lo: int, hi: int, db: Any = None) -> list[int]:
         """Offsets (in buf) of the starts of the lines of buf[lo:hi] that a row may match: one pass over the bytes.
 
         A candidate, not a hit: the line is kept and later normalised and confirmed by the row's own `re`."""
         ends: set[int] = set()
-        if self._hs is not None:
+        db = db if db is not None else self._hs
+        if db is not None:
             view = buf[lo:hi]
 
             def on_match(_pid: int, _frm: int, to: int, _flags: int, _ctx: object) -> None:
                 ends.add(to)
 
-            self._hs.scan(view, match_event_handler=on_match)
+            db.scan(view, match_event_handler=on_match)
             ends = {lo + e for e in ends}
         else:
             for m in self._pre.bytes_rx.finditer(buf, lo, hi):
@@ -507,8 +519,9 @@ def _prefilter(rows: list[Row]) -> _Prefilter:
     return _Prefilter(rx, bytes_rx, owners, always)
 
 
-def _hyperscan_db(rows: list[Row]) -> Any:
-    """One Hyperscan block-mode database of every row (group names stripped); None without hyperscan.
+def _hyperscan_db(rows: list[Row], extra: tuple[bytes, ...] = ()) -> Any:
+    """One Hyperscan block-mode database of every row (group names stripped), and of `extra` caseless byte
+    patterns after them (ids from len(rows) on); None without hyperscan.
 
     Compiling takes a noticeable part of a second for a few dozen rows (more for hundreds), which every
     `hangdx analyze` would pay: the compiled database is kept in the user's cache, named by a hash of what
@@ -517,16 +530,18 @@ def _hyperscan_db(rows: list[Row]) -> Any:
         import hyperscan
     except ImportError:
         return None
-    if not rows:
+    if not rows and not extra:
         return None
     exprs, flags = [], []
     for r in rows:
         exprs.append(_short_tail(_GROUP_NAME.sub("(", r.pattern)).encode("utf-8"))
         # No SINGLEMATCH: one scan covers many lines, and each line must report its own match.
         flags.append(hyperscan.HS_FLAG_CASELESS if r.flags == "i" else 0)
-    key = hashlib.sha256(repr((getattr(hyperscan, "__version__", ""), exprs, flags)).encode()).hexdigest()[
-        :32
-    ]
+    for x in extra:
+        exprs.append(x)
+        flags.append(hyperscan.HS_FLAG_CASELESS)
+    version = getattr(hyperscan, "__version__", "")
+    key = hashlib.sha256(repr((version, exprs, flags)).encode()).hexdigest()[:32]
     cached = _cache_read(key)
     if cached is not None:
         try:
@@ -538,10 +553,11 @@ def _hyperscan_db(rows: list[Row]) -> Any:
             pass
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     try:
-        db.compile(expressions=exprs, ids=list(range(len(rows))), flags=flags)
+        db.compile(expressions=exprs, ids=list(range(len(exprs))), flags=flags)
     except Exception as e:  # noqa: BLE001 - hyperscan.error names the expression; say which row
         at = re.search(r"(\d+)", str(e))
-        rid = rows[int(at.group(1))].id if at and int(at.group(1)) < len(rows) else "?"
+        n = int(at.group(1)) if at else -1
+        rid = rows[n].id if 0 <= n < len(rows) else "?"
         raise CatalogueError(f"hyperscan cannot compile the catalogue (row {rid}): {e}") from None
     try:
         _cache_write(key, hyperscan.dumpb(db))

@@ -40,6 +40,7 @@ _FAULT = re.compile(
     rb"|exitcode|exit code|init complete|nccl version|using network|ncclcomminit|rendezvous|refused"
     rb"|reset by peer|broken pipe|unreachable|link (?:is )?down|nvrm|ecc|retired|remapp|terminat)"
 )
+_FAULT_WORDS = _FAULT.pattern[len(b"(?i:") : -1]  # the same words for Hyperscan (caseless there)
 _COLL = b" opCount "
 # NCCL's `host:pid:tid [dev]`: found from its `:pid:tid [` (tried only at colons), then the host before it.
 _NCCL_PID = re.compile(rb"(?<=[\w.\-]):(\d{1,10}):\d{1,10} \[-?\d{1,6}\]")
@@ -108,7 +109,12 @@ class Keeper:
 
     def __init__(self, cat: catalogue_mod.Catalogue | None = None) -> None:
         self.cat = cat  # its rows' lines are kept wherever they are, like fault lines
-        self._sig: set[int] = set()  # numbers of this piece's lines that a row may match
+        self._sig: set[int] = (
+            set()
+        )  # numbers of this piece's lines that a row may match (or hold a fault word)
+        self._flagged_all = False  # _sig holds the fault lines too (Hyperscan scanned for both)
+        self._db: object = False  # the rows-and-fault-words database (False: not made yet)
+        self.sparse = True  # pieces with no collective line skip the lines that cannot be kept
         self.lineno = 0  # lines fully read so far
         self.bytes = 0
         self.head: list[tuple[int, bytes]] = []
@@ -193,6 +199,8 @@ class Keeper:
             self._coll_tails(buf, lo, hi, base, n)
             for i, ln in [(i, ln) for i, ln in enumerate(parts) if _COLL not in ln]:
                 self._keep(base + i + 1, ln)
+        elif coll == 0 and self._flagged_all and self.sparse:
+            self._sparse(parts, base)  # Python touches the fault lines, their context and the tail only
         else:
             self._lines(parts, base)
         self.lineno = base + n
@@ -214,7 +222,7 @@ class Keeper:
             self.head.append((no, ln))
             self._note_proc(ln)
             return
-        if _FAULT.search(ln) or no in self._sig:
+        if no in self._sig if self._flagged_all else _FAULT.search(ln) or no in self._sig:
             self.context = CONTEXT_LINES
             self._middle(no, ln)
             self._note_proc(ln)
@@ -227,15 +235,59 @@ class Keeper:
             self.tail.append((no, ln))
 
     def _signal_lines(self, buf: bytes, lo: int, hi: int, base: int) -> None:
-        """Numbers of the lines of buf[lo:hi] a catalogue row may match: one scan of the bytes, no line split."""
+        """Numbers of the lines of buf[lo:hi] that a catalogue row may match, and (with Hyperscan) that hold a
+        fault word: one scan of the bytes, no line split, no regex run per line."""
         self._sig = set()
+        self._flagged_all = False
         if self.cat is None or len(self.head) < HEAD_LINES:
             return  # the head is kept whole anyway
+        db = self._words_db()
         no, at = base + 1, lo
-        for start in self.cat.line_starts(buf, lo, hi):
+        for start in self.cat.line_starts(buf, lo, hi, db=db):
             no += buf.count(b"\n", at, start)
             at = start
             self._sig.add(no)
+        self._flagged_all = db is not None
+
+    def _words_db(self) -> object | None:
+        if self._db is False:
+            try:
+                self._db = self.cat.with_words(_FAULT_WORDS) if self.cat is not None else None
+            except catalogue_mod.CatalogueError:
+                self._db = None
+        return self._db
+
+    def _sparse(self, parts: list[bytes], base: int) -> None:
+        """`_keep` for every line of a piece with no collective line, touching only the lines it keeps: those the
+        byte scan flagged, the context after them, and the last TAIL_LINES of the rest (the earlier ones would
+        be pushed out of the tail by the later ones anyway, and are counted as dropped)."""
+        flagged = sorted(no - base - 1 for no in self._sig if base < no <= base + len(parts))
+        runs: list[tuple[int, int]] = []  # index ranges of lines bound for the tail
+        pos = 0
+        for fi in [*flagged, len(parts)]:
+            c = min(self.context, fi - pos)
+            for j in range(pos, pos + c):
+                self._middle(base + j + 1, parts[j][:MAX_LINE_BYTES])
+            self.context -= c
+            if pos + c < fi:
+                runs.append((pos + c, fi))
+            if fi < len(parts):
+                ln = parts[fi][:MAX_LINE_BYTES]
+                self.context = CONTEXT_LINES
+                self._middle(base + fi + 1, ln)
+                self._note_proc(ln)
+            pos = fi + 1
+        skip = max(0, sum(e - s for s, e in runs) - TAIL_LINES)
+        self.dropped += skip
+        for s, e in runs:
+            if skip >= e - s:
+                skip -= e - s
+                continue
+            s, skip = s + skip, 0
+            for j in range(s, e):
+                if len(self.tail) == self.tail.maxlen:
+                    self.dropped += 1
+                self.tail.append((base + j + 1, parts[j][:MAX_LINE_BYTES]))
 
     def _middle(self, no: int, ln: bytes) -> None:
         if len(self.middle) < MIDDLE_MAX:

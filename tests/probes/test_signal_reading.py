@@ -160,3 +160,44 @@ def test_rows_of_kinds_merged_later_are_read_and_weighed_without_crashing(monkey
     assert not [g for g in verdict.gaps if "playbook" in g]
     top = verdict.root_cause
     assert top.category == "io_stall" and top.culprit.hosts == ["node-4"]
+
+
+def _random_log(seed: int, lines: int) -> bytes:
+    import random
+
+    rnd = random.Random(seed)
+    examples = [r.examples[0] for r in catalogue.load().rows]
+    out = []
+    for i in range(lines):
+        x = rnd.random()
+        if x < 0.002:
+            out.append(rnd.choice(examples))
+        elif x < 0.004:
+            out.append(f"[rank{i % 8}]: RuntimeError: something failed at step {i}")
+        elif x < 0.006 and i < lines // 3:  # collective lines in the first third only: later pieces have none
+            out.append(f"node:{i}:{i} [0] NCCL INFO AllReduce: opCount {i:x} sendbuff 0x1 count 8 comm 0xabc")
+        else:
+            out.append(f"[rank{i % 8}]: step {i} loss {rnd.random():.4f} lr 0.0001")
+    return ("\n".join(out) + "\n").encode()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_sparse_piece_path_keeps_exactly_what_the_line_path_keeps(seed, monkeypatch):
+    data = _random_log(seed, 120_000)
+    cat = catalogue.load()
+    calls = []
+    real = reader.Keeper._sparse
+    monkeypatch.setattr(reader.Keeper, "_sparse", lambda self, *a: calls.append(1) or real(self, *a))
+    got = []
+    for sparse in (True, False):
+        k = reader.Keeper(cat)
+        k.sparse = sparse
+        for i in range(0, len(data), 1 << 20):
+            k.feed(data[i : i + (1 << 20)])
+        got.append((k.close(), k.dropped, k.lineno, k.collectives))
+    assert calls, "the sparse path was not taken"
+    assert got[0] == got[1]
+    kept = {ln for _, ln in got[0][0]}
+    for ln in data.split(b"\n"):
+        if b"failed at step" in ln or any(e.encode() == ln for e in [r.examples[0] for r in cat.rows]):
+            assert ln in kept
