@@ -137,8 +137,6 @@ def _confidence(base: float, events: list[LogEvent]) -> float:
 def signals(facts: Facts) -> Iterator[Match]:
     """What the lines of the signal catalogue say, when no more specific playbook said it."""
     marked = [e for e in facts.ev.events if e.fields.get("signal_row") and e.fields.get("signal_category")]
-    if not marked:
-        return
     waiting = [e for e in marked if _waiting(e)]
     causes = [e for e in marked if not _waiting(e)]
     by_cat: dict[str, dict[str, list[LogEvent]]] = {}
@@ -171,6 +169,33 @@ def signals(facts: Facts) -> Iterator[Match]:
         )
     if waiting and not by_cat:
         yield _waiting_alone(facts, waiting)
+    if not marked:
+        context = [e for e in facts.ev.events if e.fields.get("signal_strength") == "context"]
+        if context:
+            yield _context_only(context)
+
+
+CONTEXT_ONLY = 0.12  # above what_next's 0.1: it says what was seen, and still names no cause
+
+
+def _context_only(events: list[LogEvent]) -> Match:
+    """Lines the catalogue knows but that settle nothing (a bare NCCL warning, a version banner): say them."""
+    return Match(
+        "unknown",
+        CONTEXT_ONLY,
+        _culprit(events[:1]) if len({(e.host, e.rank) for e in events}) == 1 else Culprit(),
+        [e.quote for e in events[:4]],
+        {
+            "category": "unknown",
+            "strength": "context",
+            "said": _said(events),
+            "victims": [],
+            "where": {},
+            "alone": False,
+            "context_only": True,
+        },  # fmt: skip
+        template=PLAYBOOK,
+    )
 
 
 def _waiting_alone(facts: Facts, waiting: list[LogEvent]) -> Match:
