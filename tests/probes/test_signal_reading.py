@@ -201,3 +201,17 @@ def test_the_sparse_piece_path_keeps_exactly_what_the_line_path_keeps(seed, monk
     for ln in data.split(b"\n"):
         if b"failed at step" in ln or any(e.encode() == ln for e in [r.examples[0] for r in cat.rows]):
             assert ln in kept
+
+
+def test_a_line_that_settles_nothing_still_says_what_was_seen(monkeypatch):
+    text = "include/shm.h:28 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-x: No space left on device\n"
+    top = _top(_read(text, monkeypatch, "hyperscan"))
+    assert top.category == "unknown" and "No space left on device" in top.summary
+
+
+def test_the_pure_python_path_is_said_once_in_the_notes(monkeypatch):
+    ev = _read(
+        "...-48:34050:34121 [0] NCCL WARN NET/IB : Got async event : port error\n", monkeypatch, "python"
+    )
+    notes = engine.run(ev).notes
+    assert len([n for n in notes if "pure-Python" in n]) == 1
