@@ -638,3 +638,38 @@ def load_paths(paths: list[str | Path], engine: str | None = None) -> Catalogue:
     """A catalogue of the given files (for checks of rows not yet shipped)."""
     files = [(Path(p).name, Path(p).read_text(encoding="utf-8")) for p in paths]
     return Catalogue(load_rows(files), engine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hangdx.probes.catalogue [FILE.yaml...]`: check rows (the shipped ones with no file named).
+
+    Every schema rule, then the whole matcher on both paths: each example reaches its own row. Exit 1 with one
+    line per problem."""
+    import sys
+
+    paths = sys.argv[1:] if argv is None else argv
+    try:
+        files = [(Path(p).name, Path(p).read_text(encoding="utf-8")) for p in paths] if paths else _files()
+        rows = load_rows(files)
+        cats = [Catalogue(rows)] + ([Catalogue(rows, "python")] if _hyperscan_db(rows) is not None else [])
+    except (CatalogueError, OSError) as e:
+        print(str(e).replace("; ", "\n"))
+        return 1
+    probs = []
+    for r in rows:
+        if (why := hyperscan_compiles(r)) is not None:
+            probs.append(f"{r.file}:{r.id}: hyperscan: {why}")
+        for line in r.examples:
+            for cat in cats:
+                if r.id not in [x.id for x, _ in cat.match_line(line)]:
+                    probs.append(
+                        f"{r.file}:{r.id}: the {cat.engine} matcher misses its example {line[:80]!r}"
+                    )
+    for p in probs:
+        print(p)
+    print(f"{len(rows)} rows in {len(files)} files, {len(probs)} problems ({cats[0].engine})")
+    return 1 if probs else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
