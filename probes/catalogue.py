@@ -52,6 +52,7 @@ INT_FIELDS = frozenset(
      "local_rank", "step", "worker", "errno", "gpu", "ran_ms", "timeout_s", "joined"}
 )  # fmt: skip
 MIN_LITERAL = 8
+SCAN_BATCH_CHARS = 8 << 20  # lines scanned at once by match_lines: a bounded copy whatever the input
 MAX_LINE = 8192  # a candidate line longer than this is confirmed on its first MAX_LINE characters
 
 # What the pattern subset forbids (the same list the shared checker uses), so Hyperscan, RE2 and re agree.
@@ -406,20 +407,36 @@ class Catalogue:
                 for i, f in self._confirm(text, self._candidates_line(text)):
                     out.append((n, self.rows[i], f))
             return out
-        blob_parts = [t[:MAX_LINE].replace("\n", " ").encode("utf-8", "surrogatepass") for t in texts]
+        batch: list[int] = []
+        size = 0
+        for n, text in enumerate(texts):
+            batch.append(n)
+            size += min(len(text), MAX_LINE) + 1
+            if size >= SCAN_BATCH_CHARS:
+                out.extend(self._scan_batch(texts, batch))
+                batch, size = [], 0
+        if batch:
+            out.extend(self._scan_batch(texts, batch))
+        return out
+
+    def _scan_batch(self, texts: list[str], batch: list[int]) -> list[tuple[int, Row, dict[str, Any]]]:
+        """One Hyperscan pass over some lines joined by newlines (a bounded copy), hits confirmed by `re`."""
+        parts = [texts[n][:MAX_LINE].replace("\n", " ").encode("utf-8", "surrogatepass") for n in batch]
         starts, pos = [], 0
-        for b in blob_parts:
+        for b in parts:
             starts.append(pos)
             pos += len(b) + 1
         hits: dict[int, set[int]] = {}
 
         def on_match(pid: int, _frm: int, to: int, _flags: int, _ctx: object) -> None:
-            n = bisect.bisect_right(starts, max(to - 1, 0)) - 1
-            hits.setdefault(n, set()).add(pid)
+            k = bisect.bisect_right(starts, max(to - 1, 0)) - 1
+            hits.setdefault(k, set()).add(pid)
 
-        self._hs.scan(b"\n".join(blob_parts), match_event_handler=on_match)
-        for n in sorted(hits):
-            for i, f in self._confirm(texts[n], hits[n]):
+        self._hs.scan(b"\n".join(parts), match_event_handler=on_match)
+        out = []
+        for k in sorted(hits):
+            n = batch[k]
+            for i, f in self._confirm(texts[n], hits[k]):
                 out.append((n, self.rows[i], f))
         return out
 

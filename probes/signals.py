@@ -18,6 +18,8 @@ from hangdx.probes.normalise import Line, nccl_origin
 
 _STRENGTH_ORDER = {"decisive": 0, "suggestive": 1, "context": 2}
 WRAP_MIN = 30  # a line shorter than this was not cut by a wrap (terminals and chat windows wrap wider)
+WRAP_MAX = 4096  # nor a line longer than this (and a pair of such lines is not copied to be tried)
+WRAP_BATCH = 1024  # pairs tried at once (at most 16 MB of joined text)
 SAME_STORY_LINES = 40  # how far apart the lines of one message may be (the reader's context after a fault)
 MAX_SIGNALS = 20000  # events from one text past this are counted, not kept (a log that repeats one error)
 
@@ -67,23 +69,25 @@ def find(cat: catalogue.Catalogue, lines: list[Line]) -> list[Hit]:
         for n in range(len(lines) - 1)
         if n not in per_line
         and n + 1 not in per_line
-        and len(texts[n]) >= WRAP_MIN
+        and WRAP_MIN <= len(texts[n]) <= WRAP_MAX
+        and len(texts[n + 1]) <= WRAP_MAX
         and texts[n + 1].strip()
         and (lines[n].host, lines[n].pid, lines[n].label)
         == (lines[n + 1].host, lines[n + 1].pid, lines[n + 1].label)
     ]
-    if pairs:
-        joined = [j for n in pairs for j in (texts[n] + texts[n + 1], texts[n] + " " + texts[n + 1].lstrip())]
-        taken: set[int] = set()
+    taken: set[int] = set()
+    for b in range(0, len(pairs), WRAP_BATCH):  # in batches: the joined copies stay small whatever the input
+        batch = pairs[b : b + WRAP_BATCH]
+        joined = [j for n in batch for j in (texts[n] + texts[n + 1], texts[n] + " " + texts[n + 1].lstrip())]
         for k, row, fields in cat.match_lines(joined):  # in order of k
-            n = pairs[k // 2]
+            n = batch[k // 2]
             if n - 1 in taken or (n in taken and rejoined[n] != joined[k]):
                 continue  # line n went with the line before it; or this pair already matched joined the other way
             taken.add(n)
             per_line.setdefault(n, []).append((row, fields))
             rejoined[n] = joined[k]
-        for n in taken:
-            per_line.pop(n + 1, None)
+    for n in taken:
+        per_line.pop(n + 1, None)
     out = []
     for n in sorted(per_line):
         row, fields = _best(per_line[n])
