@@ -138,7 +138,18 @@ def signals(facts: Facts) -> Iterator[Match]:
     """What the lines of the signal catalogue say, when no more specific playbook said it."""
     marked = [e for e in facts.ev.events if e.fields.get("signal_row") and e.fields.get("signal_category")]
     waiting = [e for e in marked if _waiting(e)]
-    causes = [e for e in marked if not _waiting(e)]
+    # An exit, a closed connection, a peer gone: what every rank's end looks like after a timeout too. Beside
+    # timeouts, only a decisive line (the OOM killer, a segfault, CUDA out of memory) says a crash came first.
+    causes = [
+        e
+        for e in marked
+        if not _waiting(e)
+        and not (
+            waiting
+            and e.fields["signal_category"] == "rank_crashed"
+            and e.fields.get("signal_strength") != "decisive"
+        )
+    ]
     by_cat: dict[str, dict[str, list[LogEvent]]] = {}
     for e in causes:
         strength = e.fields.get("signal_strength")

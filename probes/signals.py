@@ -119,7 +119,8 @@ def apply(hits: list[Hit], src: Source, ev: Evidence, events_before: int, colls_
         )
         if same:
             for e in same:
-                for k, v in marks.items():
+                # The row's kind too: the parser may have read the line as something wider (an `exception`).
+                for k, v in {**marks, "signal_event": h.row.event}.items():
                     e.fields.setdefault(k, v)
             added += 1
             continue
