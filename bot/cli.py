@@ -191,6 +191,7 @@ def _print(verdict, as_json: bool, verbose: bool = False) -> None:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from hangdx.playbooks import engine
     from hangdx.probes.bundle import InputError, evidence_from_paths
+    from hangdx.probes.reader import readable
 
     stdin = sys.stdin.buffer if "-" in args.paths else None
     try:
@@ -201,7 +202,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         ev.job_id = args.job_id
     if args.world_size:
         ev.world_size = args.world_size
-    if not (ev.stacks or ev.processes or ev.collectives or ev.events or ev.gpus or ev.ib_ports or ev.links):
+    if not readable(ev):
         reasons = "; ".join(f"{g.source}: {g.message}" for g in ev.gaps[:3])
         raise UsageError(
             f"nothing hangdx can read in {', '.join(args.paths)}" + (f" ({reasons})" if reasons else "")

@@ -142,11 +142,12 @@ def diagnose(
     return verdict, docs
 
 
-def analyze_texts(parts: list[tuple[str, BinaryIO]]) -> Verdict:
+def analyze_texts(parts: list[tuple[str, BinaryIO]]) -> Verdict | None:
     """Diagnose what a person pasted or uploaded (Slack messages, files): each part streamed by the one reader.
 
     The verdict's `read` says which parts were read as what and which lines were skipped; a part that holds no
-    evidence is a gap. Caps (how many parts, how many bytes) belong to the caller, who knows where they came from.
+    evidence is a gap. None when nothing at all was readable (the same rule as `hangdx analyze`'s exit 2).
+    Caps (how many parts, how many bytes) belong to the caller, who knows where they came from.
     """
     from hangdx.probes import reader
     from hangdx.probes.model import Evidence, Source
@@ -155,6 +156,8 @@ def analyze_texts(parts: list[tuple[str, BinaryIO]]) -> Verdict:
     ev = Evidence()
     for name, stream in parts:
         reader.read_any(stream, Source(name), ev, limit=reader.STDIN_MAX)
+    if not reader.readable(ev):
+        return None
     verdict = engine.run(ev)
     verdict.elapsed_seconds = time.monotonic() - started
     return verdict

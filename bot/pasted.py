@@ -242,7 +242,7 @@ def analyze(client: WebClient, req: AnalyzeRequest, token: str, api_url: str | N
     messages = thread_messages(client, req)
     parts, budget = parts_of(messages, token, api_url, own_ids(client))
     verdict = analyze_texts(parts)
-    if not verdict.read:
+    if verdict is None:
         return None
     out = _redacted(json.loads(render.to_json(verdict)))
     out["skipped"] = [redact(s) for s in budget.skipped]

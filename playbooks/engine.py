@@ -70,6 +70,7 @@ def playbooks() -> list[Playbook]:
         p2p_bandwidth,
         partial,
         process_reports,
+        signals,
         timeline,
         uneven_loops,
     )
@@ -114,7 +115,7 @@ def run(ev: Evidence) -> Verdict:
     findings: list[Finding] = []
     statuses: list[str] = []
     for pb in playbooks():
-        for m in pb.func(facts):
+        for m in _matches(pb, facts, ev):
             ctx = {"facts": facts, "culprit": m.culprit, "have": have, **m.context}
             summary, fix, steps = _words(m.template or pb.name, ctx)
             findings.append(
@@ -124,6 +125,7 @@ def run(ev: Evidence) -> Verdict:
             )
             if m.status:
                 statuses.append(m.status)
+    findings = _floor_explained(findings)
     if any(f.playbook != "what_next" for f in findings):
         findings = [f for f in findings if f.playbook != "what_next"]
     _hardware_explains_crash(findings)
@@ -137,7 +139,38 @@ def run(ev: Evidence) -> Verdict:
         gaps=[f"{g.source}: {g.message}" for g in ev.gaps],
         elapsed_seconds=time.monotonic() - started,
         read=list(ev.reads),
+        notes=_matcher_note(ev),
     )
+
+
+def _matcher_note(ev: Evidence) -> list[str]:
+    """Said once: the catalogue was matched without Hyperscan (same hits, slower on big logs)."""
+    if not any(e.fields.get("signal_row") for e in ev.events):
+        return []
+    from hangdx.probes import catalogue
+
+    try:
+        engine = catalogue.load().engine
+    except catalogue.CatalogueError:
+        return []
+    if engine == "hyperscan":
+        return []
+    return [
+        "signal catalogue matched by its pure-Python path (hyperscan is not installed): same hits, slower on big logs"
+    ]
+
+
+def _matches(pb: Playbook, facts: Facts, ev: Evidence) -> list[Match]:
+    """One playbook's matches; a playbook that fails on evidence it did not expect (an event a catalogue row
+    made, short of a field) is a gap, never the end of the verdict."""
+    try:
+        return list(pb.func(facts))
+    except Exception as e:  # noqa: BLE001
+        ev.gap(
+            f"playbook {pb.name}",
+            f"failed on this evidence: {type(e).__name__}: {' '.join(str(e).split())[:200]}",
+        )
+        return []
 
 
 def _have(ev: Evidence) -> dict[str, bool]:
@@ -147,6 +180,24 @@ def _have(ev: Evidence) -> dict[str, bool]:
         "stacks": bool(ev.stacks),
         "nccl_log": any(c.origin == "nccl_log" for c in ev.collectives),
     }
+
+
+FLOOR = "signals"  # the catalogue's playbook: the floor under the others (playbooks/signals.py)
+
+
+def _floor_explained(findings: list[Finding]) -> list[Finding]:
+    """A catalogue finding that a more specific playbook already made (its category, or its lines) goes."""
+    others = [f for f in findings if f.playbook not in (FLOOR, "what_next")]
+    seen = {(q.source, q.line) for f in others for q in f.evidence}
+    cats = {f.category for f in others}
+    out = []
+    for f in findings:
+        if f.playbook == FLOOR and (
+            f.category in cats or any((q.source, q.line) in seen for q in f.evidence)
+        ):
+            continue
+        out.append(f)
+    return out
 
 
 def _hardware_explains_crash(findings: list[Finding]) -> None:

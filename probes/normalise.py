@@ -74,6 +74,35 @@ class Line:
     torchrun: str = (
         ""  # torchrun's own `[rank3]:` prefix as printed, which log parsers read (and quote) themselves
     )
+    parts: tuple[str, ...] = ()  # the pieces of a line rejoined after a wrap, as they were printed
+
+
+# NCCL's `host:pid:tid [dev]` wherever it sits on a line, with the host in any form a log or a person left:
+# `gpu-node-48`, `...-48` (shortened by hand), `10.0.0.7`, `trainer-0-worker-3` (a pod).
+_NCCL_ORIGIN = re.compile(
+    r"(?:^|[\s\]|])(?P<host>[^\s:\[\]|]{1,253}):(?P<pid>\d{1,10}):\d{1,10} \[(?P<dev>-?\d{1,6})\]"
+)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who printed an NCCL line, as its own prefix says (not a launcher's)."""
+
+    host: str | None
+    pid: int | None
+    device: int | None
+
+
+def nccl_origin(text: str) -> Origin | None:
+    """The `host:pid:tid [dev]` NCCL put before its message, anywhere on the line; None when there is none."""
+    m = _NCCL_ORIGIN.search(text[:512]) if ":" in text[:512] else None
+    if not m:
+        return None
+    host: str | None = m.group("host")
+    if host.startswith(("...", "…")):
+        host = "…" + host.lstrip(".…")  # a name the poster shortened stays recognisably shortened
+    host = host.rstrip(".,;") or None
+    return Origin(host, int(m.group("pid")), int(m.group("dev")))
 
 
 def strip_ansi(text: str) -> str:

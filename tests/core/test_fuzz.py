@@ -207,9 +207,10 @@ def found(ev: Evidence) -> str:
         "gaps": len(ev.gaps),
     }
     out = [f"{k}={v}" for k, v in parts.items() if v]
-    return " ".join(
-        out + [f"{k}={v}" for k, v in sorted(collections.Counter(e.kind for e in ev.events).items())]
-    )
+    # Events only the signal catalogue read (the reader's floor, which a parser called alone does not have)
+    # are not what a parser found.
+    kinds = collections.Counter(e.kind for e in ev.events if not e.fields.get("signal_only"))
+    return " ".join(out + [f"{k}={v}" for k, v in sorted(kinds.items())])
 
 
 def _conforms(value: object, hint: object) -> bool:

@@ -1,0 +1,79 @@
+"""The signal catalogue: every row's examples match it, fill its fields, and reach it through the whole matcher."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hangdx.probes import catalogue
+
+CAT = catalogue.load()
+PY = catalogue.load("python")
+ROWS = CAT.rows
+
+
+def test_catalogue_loads_and_has_rows():
+    assert ROWS, "no rows shipped in probes/catalogue/*.yaml"
+    assert len({r.id for r in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_row_examples(row):
+    for line in row.examples:
+        fields = row.extract(line)
+        assert fields is not None, f"{row.id} does not match its example {line!r}"
+        assert set(row.fields) <= set(fields), f"{row.id} leaves {set(row.fields) - set(fields)} empty"
+        for name in set(row.fields) & catalogue.INT_FIELDS:
+            assert isinstance(fields[name], int) or not str(fields[name]).lstrip("-").isdigit()
+        # The whole matcher (every row at once) reports this row for this line, on both paths.
+        for cat in (CAT, PY):
+            assert row.id in [r.id for r, _ in cat.match_line(line)], f"{cat.engine} misses {row.id}"
+        # And wherever the line sits: behind a prefix, in a batch of other lines.
+        shifted = "node-3: [rank7]: ... " + line
+        assert row.id in [r.id for r, _ in CAT.match_line(shifted)]
+        batch = ["unrelated line", line, "another one"]
+        assert (1, row.id) in [(n, r.id) for n, r, _ in CAT.match_lines(batch)]
+        assert (1, row.id) in [(n, r.id) for n, r, _ in PY.match_lines(batch)]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_row_schema(row):
+    assert row.category in catalogue.CATEGORIES or (row.category is None and row.strength == "context")
+    assert row.strength in catalogue.STRENGTHS
+    assert list(re.compile(row.pattern).groupindex) == list(row.fields)
+    assert catalogue.literal_run(row.pattern) >= catalogue.MIN_LITERAL
+    assert len(row.source.split()) >= 2 and "/" in row.source.split()[0]
+    assert catalogue.hyperscan_compiles(row) is None
+
+
+def test_bad_row_is_a_load_error_naming_file_and_id():
+    bad = "- id: x.y.z\n  emitter: E\n  source: a/b c.cc\n  pattern: 'short'\n  fields: [rank]\n  event: e\n"
+    bad += "  category: nonsense\n  strength: decisive\n  meaning: m\n  examples: ['short']\n"
+    with pytest.raises(catalogue.CatalogueError) as err:
+        catalogue.load_rows([("mine.yaml", bad)])
+    text = str(err.value)
+    assert "mine.yaml:x.y.z" in text and "category" in text and "fields" in text
+
+
+def test_duplicate_id_across_files_is_refused():
+    row = ROWS[0]
+    import yaml
+
+    raw = {
+        k: getattr(row, k) for k in ("id", "emitter", "source", "pattern", "event", "category", "strength")
+    }
+    raw.update(fields=list(row.fields), meaning=row.meaning, examples=list(row.examples))
+    text = yaml.safe_dump([raw])
+    with pytest.raises(catalogue.CatalogueError, match="id also in"):
+        catalogue.load_rows([("a.yaml", text), ("b.yaml", text)])
+
+
+def test_raw_bytes_scan_finds_the_lines_to_keep():
+    lines = [b"x" * 40] * 50 + [row.examples[0].encode() for row in ROWS] + [b"y" * 40] * 50
+    buf = b"\n".join(lines) + b"\n"
+    starts = {buf.count(b"\n", 0, s) for s in CAT.line_starts(buf, 0, len(buf))}
+    for n in range(50, 50 + len(ROWS)):
+        assert n in starts
+    pstarts = {buf.count(b"\n", 0, s) for s in PY.line_starts(buf, 0, len(buf))}
+    assert starts <= pstarts | starts and set(range(50, 50 + len(ROWS))) <= pstarts
