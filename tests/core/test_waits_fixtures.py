@@ -1,0 +1,50 @@
+"""Real py-spy dumps of ranks blocked in each kind of wait (tests/fixtures/pyspy/waits, recorded by
+tests/waits/record.py): `hangdx analyze` names the category and the culprit rank.
+
+In each job the other ranks sit in loss.backward() under DDP (the gradient all-reduce runs from autograd hooks),
+so the crowd waits in a collective and the odd rank's own wait names the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WAITS = Path(__file__).resolve().parents[1] / "fixtures" / "pyspy" / "waits"
+
+CASES = [
+    ("queue", "user_deadlock", [1]),  # a queue whose producer thread died
+    ("queue_native", "user_deadlock", [1]),  # the same, read with --native (c10d::Reducer under backward)
+    ("dataloader", "dataloader_stall", [1]),  # a DataLoader whose worker is stuck in __getitem__
+    ("storage", "io_stall", [1]),  # torch.load of a file that never opens
+    ("child", "user_deadlock", [1]),  # subprocess.run of a child that never exits
+    ("barrier", "conditional_collective", [1]),  # a barrier only rank 1 calls
+    ("p2p_cycle_locals", "p2p_deadlock", [0, 1]),  # 0 and 1 recv from each other; 2 and 3 are backed up
+]
+
+
+def analyze(folder: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "hangdx", "analyze", str(folder), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize(("folder", "category", "culprit"), CASES, ids=[c[0] for c in CASES])
+def test_real_dump_names_category_and_culprit(folder: str, category: str, culprit: list[int]) -> None:
+    verdict = analyze(WAITS / folder)
+    rc = verdict["root_cause"]
+    assert (rc["category"], rc["culprit"]["ranks"]) == (category, culprit), rc["summary"]
+
+
+def test_the_crowd_in_backward_is_named_as_such() -> None:
+    rc = analyze(WAITS / "queue")["root_cause"]
+    assert "loss.backward()" in rc["summary"] and "Queue.get" in rc["summary"]
