@@ -23,6 +23,9 @@ CASES = [
     ("storage", "io_stall", [1]),  # torch.load of a file that never opens
     ("child", "user_deadlock", [1]),  # subprocess.run of a child that never exits
     ("barrier", "conditional_collective", [1]),  # a barrier only rank 1 calls
+    ("eval_process", "user_deadlock", [1]),  # a multiprocessing queue fed by a side process that died
+    ("compute", "straggler", [1]),  # an endless step in the program's own code (active in the sample)
+    ("lock_native", "user_deadlock", [1]),  # a lock a dead thread held: --native shows PyThread_acquire_lock
     ("p2p_cycle_locals", "p2p_deadlock", [0, 1]),  # 0 and 1 recv from each other; 2 and 3 are backed up
 ]
 
@@ -48,3 +51,10 @@ def test_real_dump_names_category_and_culprit(folder: str, category: str, culpri
 def test_the_crowd_in_backward_is_named_as_such() -> None:
     rc = analyze(WAITS / "queue")["root_cause"]
     assert "loss.backward()" in rc["summary"] and "Queue.get" in rc["summary"]
+
+
+def test_a_c_level_lock_without_native_frames_still_names_the_rank() -> None:
+    """threading.Lock.acquire is C: plain py-spy shows only the program's line, idle. The rank is still the odd
+    one; what it waits on takes --native (lock_native) or the process state (a live diagnosis)."""
+    rc = analyze(WAITS / "lock")["root_cause"]
+    assert rc["culprit"]["ranks"] == [1] and "idle in its own code at next_batch" in rc["summary"]

@@ -3,11 +3,13 @@
 `python tests/waits/stuck.py MODE DIR` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set: every rank trains a
 small DDP model on gloo (CPU); at step 3 rank ODD (default 1) stops in the wait MODE names, so the other ranks
 block in loss.backward() (DDP's gradient all-reduce, run from autograd hooks). Before blocking, each rank writes
-DIR/rank<r>.stuck so the recorder knows when to dump. Modes: queue, dataloader, storage, child, barrier, p2p_cycle.
+DIR/rank<r>.stuck so the recorder knows when to dump. Modes: queue, dataloader, storage, child, barrier, p2p_cycle,
+eval_process (a side process that died before answering), compute (an endless step), lock (a lock a dead thread held).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import subprocess
@@ -64,6 +66,22 @@ def next_batch(mode: str, rank: int, step: int, q: queue.Queue, it, fifo: Path, 
         return torch.load(fifo)  # a FIFO nobody writes: open() blocks, as a read from a dead NFS server
     if mode == "child":
         subprocess.run(["sleep", "3600"], check=True)
+    if mode == "eval_process":
+        results = multiprocessing.get_context("fork").Queue()
+        evaluator = multiprocessing.get_context("fork").Process(target=os._exit, args=(1,))  # dies at once
+        evaluator.start()
+        return results.get()  # the evaluation result that never comes
+    if mode == "compute":
+        x = torch.randn(64, 64)
+        while True:
+            x = torch.tanh(x @ x)  # a step that never ends (an endless loop in the program's own code)
+    if mode == "lock":
+        lock = threading.Lock()
+        holder = threading.Thread(target=lock.acquire)  # takes the lock and exits without releasing it
+        holder.start()
+        holder.join()
+        with lock:
+            pass
     if mode == "barrier":
         dist.barrier()  # a rank-conditional barrier (an evaluation only this rank runs)
     return torch.randn(4, 8)
