@@ -1,5 +1,7 @@
 """Record real py-spy dumps of tests/waits/stuck.py: `python tests/waits/record.py MODE [WORLD] [--native] [--locals]`.
 
+With --diagnose it prints `hangdx diagnose --local --json` of the live job instead (HANGDX_JOB_ID names it).
+
 Starts WORLD ranks (gloo, CPU), waits until every rank wrote its marker, waits a few seconds more so each rank
 sits in its wait, runs `py-spy dump` on each (its output verbatim, one file per rank) into
 tests/fixtures/pyspy/waits/MODE/rank<r>.txt, then kills the ranks it started.
@@ -8,6 +10,7 @@ tests/fixtures/pyspy/waits/MODE/rank<r>.txt, then kills the ranks it started.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +32,7 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     mode, world = args[0], int(args[1]) if len(args) > 1 else 3
     flags = [a for a in sys.argv[1:] if a in ("--native", "--locals")]
+    live = "--diagnose" in sys.argv[1:]
     work = Path(tempfile.mkdtemp(prefix=f"waits-{mode}-"))
     if mode == "storage":
         os.mkfifo(work / "ckpt.pt")
@@ -36,8 +40,10 @@ def main() -> None:
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "stuck.py"), mode, str(work)], env=env))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HANGDX_JOB_ID=f"waits-{mode}-{port}")  # fmt: skip
+        # Each rank leads its own process group, so that its DataLoader worker goes with it.
+        cmd = [sys.executable, str(HERE / "stuck.py"), mode, str(work)]
+        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
     try:
         deadline = time.time() + 120
         while not all((work / f"rank{r}.stuck").exists() for r in range(world)):
@@ -45,6 +51,10 @@ def main() -> None:
                 raise SystemExit(f"ranks did not reach their wait: {[p.poll() for p in procs]}")
             time.sleep(0.5)
         time.sleep(5)
+        if live:  # a live diagnosis of the job instead of recording
+            cmd = [sys.executable, "-m", "hangdx", "diagnose", f"waits-{mode}-{port}", "--local", "--json"]
+            print(subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout)
+            return
         out = OUT / (mode + "".join("_" + f[2:] for f in flags))
         out.mkdir(parents=True, exist_ok=True)
         for r, p in enumerate(procs):
@@ -55,7 +65,7 @@ def main() -> None:
         print(f"recorded {world} ranks into {out}")
     finally:
         for p in procs:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
         for p in procs:
             p.wait()
 

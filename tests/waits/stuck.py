@@ -114,7 +114,9 @@ def main() -> None:
     threading.Thread(target=producer, args=(q,), daemon=True).start()
     time.sleep(0.2)
     q.get(), q.get()  # the producer's two batches; it is dead now
-    it = iter(DataLoader(Blocks(), batch_size=4, num_workers=1, shuffle=False)) if rank == ODD else None
+    it = None
+    if rank == ODD and mode == "dataloader":
+        it = iter(DataLoader(Blocks(), batch_size=4, num_workers=1, shuffle=False))
     if it is not None:
         for _ in range(4):
             next(it)  # items 0-15; the next batch needs item 20
