@@ -307,6 +307,12 @@ def p2p_deadlock(facts: Facts) -> Iterator[Match]:
     behind = sorted(r for r in p2p if r not in culprits) if cycle else []
     both_recv = sum(1 for op in ops.values() if op == "recv") >= 2
     conf = 0.9 if len(p2p) >= 2 and both_recv else 0.75
+    # A rank stuck on its own (data, a lock, computing) holds its neighbours in p2p: they may only be backed up.
+    on_its_own = [
+        r for r, v in facts.ranks.items() if v.alive and v.locations and v.location.kind in _ON_ITS_OWN
+    ]
+    if on_its_own:
+        conf = 0.5
     if cycle:
         conf = 0.92
     yield Match(
@@ -352,17 +358,27 @@ _ELSEWHERE = {
 }
 
 
+# Where a rank waits on nothing its peers do: its own data, storage, locks, children, network, or computing.
+_ON_ITS_OWN = ("dataloader", "io", "lock", "child", "network", "compute")
+
+
 @playbook("rank_elsewhere", order=50)
 def rank_elsewhere(facts: Facts) -> Iterator[Match]:
-    """Who is not in the collective the others wait in, and where is it?"""
+    """Who is not in the collective (or the point-to-point calls) the others wait in, and where is it?
+
+    Pipeline stages wait on their neighbours in send/recv: when one stage is stuck on its own data, storage or
+    locks, the stages around it are backed up in p2p, and the stuck one is the odd rank.
+    """
     crowd = facts.crowd
-    if crowd is None or crowd.kind not in ("collective",) or not _hung(facts):
+    if crowd is None or crowd.kind not in ("collective", "p2p") or not _hung(facts):
         return
     by_kind: dict[str, list[int]] = defaultdict(list)
     for r in facts.odd_ranks:
         loc = facts.ranks[r].location
         if loc.kind == "p2p" or loc.kind == "init":
             continue  # their own playbooks
+        if crowd.kind == "p2p" and loc.kind not in _ON_ITS_OWN:
+            continue  # another stage's collective or p2p: the pipeline's own traffic, not a cause by itself
         if loc.kind == "collective" and loc.call_site == crowd.call_site and loc.op != crowd.op:
             continue  # collective_mismatch
         by_kind[loc.kind].append(r)

@@ -4,6 +4,7 @@
 small DDP model on gloo (CPU); at step 3 rank ODD (default 1) stops in the wait MODE names, so the other ranks
 block in loss.backward() (DDP's gradient all-reduce, run from autograd hooks). Before blocking, each rank writes
 DIR/rank<r>.stuck so the recorder knows when to dump. Modes: queue, dataloader, storage, child, barrier, p2p_cycle,
+pipeline (4 stages; stage 0 on a dead loader's queue),
 eval_process (a side process that died before answering), compute (an endless step), lock (a lock a dead thread held).
 """
 
@@ -96,6 +97,19 @@ def p2p_cycle(rank: int, mark) -> None:
     dist.send(t, dst=(rank + 1) % dist.get_world_size())
 
 
+def pipeline(rank: int, q: queue.Queue, mark) -> None:
+    """Pipeline stages: stage 0 waits for its input batch from a loader thread that died; each later stage
+    receives its activations from the stage before it (backed up behind stage 0)."""
+    t = torch.zeros(4)
+    mark()
+    if rank == 0:
+        t = q.get()
+    else:
+        dist.recv(t, src=rank - 1)
+    if rank + 1 < dist.get_world_size():
+        dist.send(t, dst=rank + 1)
+
+
 def main() -> None:
     mode, workdir = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ["RANK"])
@@ -106,6 +120,13 @@ def main() -> None:
 
     if mode == "p2p_cycle":
         p2p_cycle(rank, mark)
+        return
+    if mode == "pipeline":
+        q: queue.Queue = queue.Queue()
+        threading.Thread(target=producer, args=(q,), daemon=True).start()
+        time.sleep(0.2)
+        q.get(), q.get()  # the loader thread's two batches; it is dead now
+        pipeline(rank, q, mark)
         return
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
