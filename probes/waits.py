@@ -267,7 +267,14 @@ def classify(frames: list[Frame], idle: bool = True) -> Wait | None:
     if leaf is not None:
         if native is not None and native.decisive and native.kind == leaf.kind and native.row is not None:
             return Wait(leaf.kind, leaf.op, leaf.row, leaf.frame, (native.row.id,))
-        if native is not None and native.kind in ("p2p",) and leaf.kind == "collective":
-            return native  # a coalesced p2p batch under a collective-looking frame is the p2p's
+        if (
+            native is not None
+            and native.kind == "p2p"
+            and native.row.priority > 3
+            and leaf.kind == "collective"
+        ):
+            return (
+                native  # c10d's own p2p frames under a collective-looking Python frame: a coalesced p2p batch
+            )
         return leaf
     return native

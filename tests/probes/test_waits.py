@@ -117,3 +117,18 @@ def test_short_native_words_match_whole_names_only() -> None:
 def test_gil_wait_is_read_from_the_top_native_frames() -> None:
     stack = frames("take_gil (python3.11)", "PyEval_RestoreThread (python3.11)", "step (train.py:3)")
     assert waits.gil_wait(stack).function == "take_gil"
+
+
+def test_gloo_buffer_wait_inside_a_collective_is_the_collective() -> None:
+    """gloo's allreduce waits on unbound buffers too: the c10d collective frame around it says which."""
+    stack = frames(
+        "gloo::transport::tcp::UnboundBuffer::waitRecv (libtorch_cpu.so)",
+        "gloo::allreduce (libtorch_cpu.so)",
+        "c10d::ProcessGroupGloo::AsyncAllreduceWork::run (libtorch_cpu.so)",
+    )
+    assert waits.classify(stack).kind == "collective"
+    recv = frames(
+        "gloo::transport::tcp::UnboundBuffer::waitRecv (libtorch_cpu.so)",
+        "c10d::ProcessGroupGloo::RecvWork::wait (libtorch_cpu.so)",
+    )
+    assert waits.classify(recv).kind == "p2p"
