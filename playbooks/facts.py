@@ -58,10 +58,7 @@ class Location:
     @property
     def op_words(self) -> str | None:
         """The op as an engineer says it: DDP's all-reduce inside loss.backward() is not a call the program wrote."""
-        return {
-            "backward": "loss.backward() (DDP's gradient all-reduce)",
-            "sync": "a CUDA synchronisation",
-        }.get(self.op or "", self.op)
+        return _OP_WORDS.get(self.op or "", self.op)
 
     @property
     def key(self) -> tuple[str, str | None, str | None]:
@@ -89,6 +86,18 @@ class Location:
         if self.detail:
             what += f" ({self.detail})"
         return what
+
+
+# Ops of the taxonomy's framework rows (probes/waits.yaml), in words.
+_OP_WORDS = {
+    "backward": "loss.backward() (DDP's gradient all-reduce)",
+    "sync": "a CUDA synchronisation",
+    "fsdp": "FSDP's parameter all-gather or gradient reduce-scatter",
+    "ddp": "DistributedDataParallel's own collectives",
+    "deepspeed": "DeepSpeed's gradient reduction",
+    "zero": "ZeRO's gradient reduction or parameter all-gather",
+    "grad_sync": "Megatron's gradient synchronisation",
+}
 
 
 def _collective_words(op: str | None) -> str:

@@ -27,6 +27,7 @@ CASES = [
     ("compute", "straggler", [1]),  # an endless step in the program's own code (active in the sample)
     ("lock_native", "user_deadlock", [1]),  # a lock a dead thread held: --native shows PyThread_acquire_lock
     ("p2p_cycle_locals", "p2p_deadlock", [0, 1]),  # 0 and 1 recv from each other; 2 and 3 are backed up
+    ("fsdp_queue", "user_deadlock", [1]),  # the queue job under FSDP2: the others wait in its all-gather
     ("pipeline", "user_deadlock", [0]),  # stage 0 on a dead loader's queue; stages 1-3 backed up in recv
     ("pipeline_locals", "user_deadlock", [0]),  # the same with --locals: a chain, not a cycle
 ]

@@ -5,7 +5,7 @@ small DDP model on gloo (CPU); at step 3 rank ODD (default 1) stops in the wait 
 block in loss.backward() (DDP's gradient all-reduce, run from autograd hooks). Before blocking, each rank writes
 DIR/rank<r>.stuck so the recorder knows when to dump. Modes: queue, dataloader, storage, child, barrier, p2p_cycle,
 pipeline (4 stages; stage 0 on a dead loader's queue),
-eval_process (a side process that died before answering), compute (an endless step), lock (a lock a dead thread held).
+eval_process (a side process that died before answering), fsdp_queue (the queue job under FSDP2), compute (an endless step), lock (a lock a dead thread held).
 """
 
 from __future__ import annotations
@@ -129,7 +129,16 @@ def main() -> None:
         pipeline(rank, q, mark)
         return
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    if mode.startswith("fsdp"):  # FSDP2: all-gather in forward, reduce-scatter in backward hooks
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (net[0], net[2]):
+            fully_shard(layer)
+        model = fully_shard(net)
+        mode = mode.removeprefix("fsdp_")
+    else:
+        model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     q: queue.Queue = queue.Queue()
     threading.Thread(target=producer, args=(q,), daemon=True).start()
