@@ -75,7 +75,7 @@ class Location:
             "lock": "waiting on a lock or queue in its own code",
             "child": "waiting for a child process or thread",
             "network": "blocked on the network (a socket)",
-            "sleep": "sleeping",
+            "sleep": "sleeping (a polling loop)",
             "compute": "running its own code",
             "idle": "idle in its own code",
             "exited": "gone (process exited)",

@@ -355,11 +355,12 @@ _ELSEWHERE = {
     "lock": ("user_deadlock", "user_deadlock", 0.86),
     "child": ("user_deadlock", "user_deadlock", 0.86),  # a child process or thread the program waits for
     "network": ("io_stall", "io_stall", 0.72),  # a download or a remote store: its own I/O, not its peers
+    "sleep": ("user_deadlock", "user_deadlock", 0.7),  # a polling loop waiting for a condition of its own
 }
 
 
 # Where a rank waits on nothing its peers do: its own data, storage, locks, children, network, or computing.
-_ON_ITS_OWN = ("dataloader", "io", "lock", "child", "network", "compute")
+_ON_ITS_OWN = ("dataloader", "io", "lock", "child", "network", "sleep", "compute")
 
 
 @playbook("rank_elsewhere", order=50)

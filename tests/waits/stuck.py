@@ -5,7 +5,8 @@ small DDP model on gloo (CPU); at step 3 rank ODD (default 1) stops in the wait 
 block in loss.backward() (DDP's gradient all-reduce, run from autograd hooks). Before blocking, each rank writes
 DIR/rank<r>.stuck so the recorder knows when to dump. Modes: queue, dataloader, storage, child, barrier, p2p_cycle,
 pipeline (4 stages; stage 0 on a dead loader's queue),
-eval_process (a side process that died before answering), fsdp_queue (the queue job under FSDP2), compute (an endless step), lock (a lock a dead thread held).
+eval_process (a side process that died before answering), fsdp_queue (the queue job under FSDP2),
+poll (a time.sleep loop waiting for a file nobody writes), compute (an endless step), lock (a lock a dead thread held).
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def next_batch(mode: str, rank: int, step: int, q: queue.Queue, it, fifo: Path, 
         holder.join()
         with lock:
             pass
+    if mode == "poll":
+        flag = fifo.with_name("ready.flag")
+        while not flag.exists():  # waits for a file nobody writes (another job's output, a marker)
+            time.sleep(0.5)
     if mode == "barrier":
         dist.barrier()  # a rank-conditional barrier (an evaluation only this rank runs)
     return torch.randn(4, 8)

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.zoo
     [
         ("queue", 3, "user_deadlock", [1]),
         ("dataloader", 3, "dataloader_stall", [1]),
+        ("poll", 3, "user_deadlock", [1]),  # time.sleep in a loop: only the process state's syscall shows it
         ("p2p_cycle", 4, "p2p_deadlock", [0, 1]),
     ],
 )
