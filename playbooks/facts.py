@@ -9,82 +9,12 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from hangdx.probes import waits
 from hangdx.probes.model import CollectiveRecord, Evidence, Frame, ProcessState, Quote, StackDump, ThreadStack
 
-COLLECTIVES = {
-    "all_reduce": "allreduce",
-    "all_reduce_coalesced": "allreduce",
-    "all_gather": "allgather",
-    "all_gather_into_tensor": "allgather",
-    "_all_gather_base": "allgather",
-    "all_gather_object": "allgather",
-    "all_gather_coalesced": "allgather",
-    "reduce_scatter": "reducescatter",
-    "reduce_scatter_tensor": "reducescatter",
-    "_reduce_scatter_base": "reducescatter",
-    "broadcast": "broadcast",
-    "broadcast_object_list": "broadcast",
-    "barrier": "barrier",
-    "monitored_barrier": "barrier",
-    "all_to_all": "alltoall",
-    "all_to_all_single": "alltoall",
-    "gather": "gather",
-    "gather_object": "gather",
-    "scatter": "scatter",
-    "scatter_object_list": "scatter",
-    "reduce": "reduce",
-}
-P2P = {
-    "send": "send",
-    "recv": "recv",
-    "isend": "send",
-    "irecv": "recv",
-    "batch_isend_irecv": "batch_p2p",
-    "send_object_list": "send",
-    "recv_object_list": "recv",
-    # batch_isend_irecv's context manager: a rank still inside it waits on the peers of its batched send/recv.
-    "_coalescing_manager": "batch_p2p",
-}
-INIT = {
-    "init_process_group",
-    "_new_process_group_helper",
-    "_store_based_barrier",
-    "new_group",
-    "_create_c10d_store",
-    "_env_rendezvous_handler",
-    "_tcp_rendezvous_handler",
-    "rendezvous",
-    "init_device_mesh",
-}
-# Frames of these files are library code: the user's call site is the first frame outside them.
-LIBRARY_PREFIXES = (
-    "torch/",
-    "threading.py",
-    "queue.py",
-    "multiprocessing/",
-    "concurrent/",
-    "selectors.py",
-    "socket.py",
-    "subprocess.py",
-    "<frozen",
-    "importlib/",
-    "asyncio/",
-    "logging/",
-    "contextlib.py",
-    "functools.py",
-    "tempfile.py",
-    "shutil.py",
-    "pickle.py",
-)
-LOCK_FRAMES = {
-    ("threading.py", "acquire"),
-    ("threading.py", "wait"),
-    ("threading.py", "join"),
-    ("threading.py", "_wait_for_tstate_lock"),
-    ("queue.py", "get"),
-    ("queue.py", "put"),
-    ("queue.py", "join"),
-}
+# Which frames mean which wait: the taxonomy in probes/waits.yaml, built from the libraries' sources.
+# Its kinds in the words a Location uses (the playbooks and templates say "dataloader" and "io").
+LOCATION_KIND = {"data": "dataloader", "storage": "io"}
 # A file of the code that loads and iterates a job's data (a path part or file name saying so).
 DATA_CODE = re.compile(
     r"(?:^|/)(?:data|datasets?|dataloaders?|data_?loaders?|loaders?|iterators?)(?:/|\.py$)"
@@ -94,13 +24,6 @@ IO_SYSCALLS = {
     "fdatasync", "flock", "statx", "newfstatat", "copy_file_range", "sendfile", "splice", "io_getevents",
 }  # fmt: skip
 SLEEP_SYSCALLS = {"nanosleep", "clock_nanosleep"}
-# Storage I/O in Python: checkpoint and file-system libraries (a path prefix of the frame's file).
-STORAGE_IO = (
-    "torch/serialization.py", "shutil.py", "pyarrow/fs.py", "pyarrow/_fs", "fsspec/", "gcsfs/", "s3fs/",
-    "adlfs/", "boto3/", "botocore/", "s3transfer/", "google/cloud/storage/", "azure/storage/blob/",
-    "safetensors/", "torch/distributed/checkpoint/filesystem.py", "torch/distributed/checkpoint/_fsspec",
-    "torch/distributed/checkpoint/storage.py", "h5py/", "zarr/", "tensorstore/",
-)  # fmt: skip
 # Output paths that take a lock (logging's handler lock, tqdm's write lock, rich's console and live locks):
 # a thread idle at the top of one waits for that lock; in a forked child, a lock its parent held at fork.
 OUTPUT_LOCK_SITES = {
@@ -111,40 +34,31 @@ OUTPUT_LOCK_SITES = {
                         "render_lines", "_write_buffer", "_check_buffer", "export_text", "export_html"},
 }  # fmt: skip
 OUTPUT_LIBRARIES = ("logging/", "tqdm/", "rich/", "colorama/", "loguru/")
-# Native I/O frames that only files make (a read or write may be a socket's or a pipe's).
-FILE_ONLY_NATIVE = ("fsync", "fdatasync", "sync_file_range", "msync", "nfs_", "rpc_wait", "pread64",
-                    "pwrite64")  # fmt: skip
-# Native frames that take the interpreter lock (py-bt prints `Waiting for the GIL` for them).
-GIL_WAITS = ("take_gil", "PyEval_RestoreThread", "PyGILState_Ensure", "PyEval_AcquireThread",
-             "PyEval_AcquireLock", "Waiting for the GIL")  # fmt: skip
 
 
-def _norm(path: str) -> str:
-    """`/usr/lib/python3.11/site-packages/torch/x.py` -> `torch/x.py`; `/usr/lib/python3.11/queue.py` -> `queue.py`."""
-    p = path.replace("\\", "/")
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in p:
-            return p.split(marker, 1)[1]
-    if "/lib/python3" in p:
-        rest = p.split("/lib/python3", 1)[1]
-        return rest.split("/", 1)[1] if "/" in rest else rest
-    return p
-
-
-def is_library(frame: Frame) -> bool:
-    f = _norm(frame.file)
-    return frame.native or f.startswith(LIBRARY_PREFIXES)
+_norm = waits.norm
+is_library = waits.is_library
 
 
 @dataclass
 class Location:
     """Where a rank's main thread is, in the field's words."""
 
-    kind: str  # collective | p2p | init | dataloader | io | lock | sleep | compute | idle | exited | missing | unknown
-    op: str | None = None  # allreduce, recv, ...
+    # collective | p2p | init | store | dataloader | io | lock | child | network | sleep | compute | idle | exited
+    # | missing | unknown
+    kind: str
+    op: str | None = None  # allreduce, recv, backward, get, ...
     call_site: str | None = None  # innermost user frame: "sync_gradients (train.py:42)"
     detail: str = ""
     quote: Quote | None = None
+    wait: str | None = None  # the waits.yaml row that says so
+    frame: Frame | None = None  # the frame it says so on
+    peer: int | None = None  # a point-to-point call's peer rank, when the dump's locals name it
+
+    @property
+    def op_words(self) -> str | None:
+        """The op as an engineer says it: DDP's all-reduce inside loss.backward() is not a call the program wrote."""
+        return _OP_WORDS.get(self.op or "", self.op)
 
     @property
     def key(self) -> tuple[str, str | None, str | None]:
@@ -152,13 +66,16 @@ class Location:
 
     def describe(self) -> str:
         what = {
-            "collective": f"waiting in {self.op}",
-            "p2p": f"blocked in {self.op}",
+            "collective": _collective_words(self.op),
+            "p2p": f"blocked in {self.op}" + (f" with rank {self.peer}" if self.peer is not None else ""),
             "init": "waiting in process-group initialisation",
+            "store": "waiting for a key in the c10d store",
             "dataloader": "waiting for its DataLoader",
             "io": "blocked in file I/O",
             "lock": "waiting on a lock or queue in its own code",
-            "sleep": "sleeping",
+            "child": "waiting for a child process or thread",
+            "network": "blocked on the network (a socket)",
+            "sleep": "sleeping (a polling loop)",
             "compute": "running its own code",
             "idle": "idle in its own code",
             "exited": "gone (process exited)",
@@ -169,6 +86,26 @@ class Location:
         if self.detail:
             what += f" ({self.detail})"
         return what
+
+
+# Ops of the taxonomy's framework rows (probes/waits.yaml), in words.
+_OP_WORDS = {
+    "backward": "loss.backward() (DDP's gradient all-reduce)",
+    "sync": "a CUDA synchronisation",
+    "fsdp": "FSDP's parameter all-gather or gradient reduce-scatter",
+    "ddp": "DistributedDataParallel's own collectives",
+    "deepspeed": "DeepSpeed's gradient reduction",
+    "zero": "ZeRO's gradient reduction or parameter all-gather",
+    "grad_sync": "Megatron's gradient synchronisation",
+}
+
+
+def _collective_words(op: str | None) -> str:
+    if op == "backward":
+        return "waiting in loss.backward() (DDP/FSDP reduce gradients from autograd hooks)"
+    if op == "sync":
+        return "waiting in a CUDA synchronisation (queued collectives must finish)"
+    return f"waiting in {op}"
 
 
 @dataclass
@@ -277,59 +214,19 @@ def _frame_quote(dump: StackDump, thread: ThreadStack, frame: Frame | None) -> Q
     return thread.quote
 
 
-# Native frames (gdb, pystack, py-spy --native) that say where a thread waits when no Python frame does.
-NATIVE_WAITS = (
-    (("endCoalescing", "batch_isend_irecv", "ProcessGroupNCCL::send", "ProcessGroupNCCL::recv", "ncclSend",
-      "ncclRecv", "pointToPoint"), "p2p"),
-    (("ProcessGroupNCCL", "WorkNCCL", "ncclKernel", "ncclAllReduce", "ncclGroupEnd", "cudaStreamSynchronize",
-      "cudaDeviceSynchronize", "cudaEventSynchronize", "ProcessGroupGloo", "gloo::", "c10d::Reducer"),
-     "collective"),
-    (("TCPStore", "c10d::Store", "rendezvous", "ncclCommInitRank", "bootstrap"), "init"),
-    (("pthread_cond_wait", "pthread_cond_timedwait", "pthread_mutex_lock", "__lll_lock_wait", "sem_wait",
-      "do_futex_wait", "futex_wait", "__futex_abstimed_wait", "PyThread_acquire_lock", "take_gil"), "lock"),
-    (("nfs_", "rpc_wait", "__libc_read", "__libc_write", "__GI___libc_read", "fsync", "pread64", "pwrite64"),
-     "io"),
-)  # fmt: skip
-
-
-def classify_native(frames: list[Frame]) -> tuple[str, Frame] | None:
-    """The innermost native frame that names a wait, and what kind of wait (outermost meaning wins ties)."""
-    found: tuple[str, Frame] | None = None
-    for f in frames:  # innermost first: a lock inside a collective's wait is that collective
-        for words, kind in NATIVE_WAITS:
-            if any(w in f.function for w in words):
-                if (
-                    found is None
-                    or (found[0] == "lock" and kind in ("collective", "init", "p2p"))
-                    or (found[0] == "collective" and kind == "p2p")  # a p2p call's NCCL group is the p2p's
-                ):
-                    found = (kind, f)
-                break
-    return found
-
-
 def _top_natives(frames: list[Frame]) -> list[Frame]:
-    """The native frames above the innermost Python frame: the C call that Python frame is in."""
-    out = []
-    for f in frames:
-        if not f.native:
-            break
-        out.append(f)
-    return out
-
-
-def _gil_wait(frames: list[Frame]) -> Frame | None:
-    """A thread whose innermost frames take the GIL waits for the thread that holds it."""
-    return next((f for f in _top_natives(frames) if any(w in f.function for w in GIL_WAITS)), None)
+    return waits.top_natives(frames)
 
 
 def _output_lock(frames: list[Frame]) -> Frame | None:
     """The innermost Python frames wait on a lock an output path takes (see OUTPUT_LOCK_SITES)."""
     for i, f in enumerate(frames):
         file = _norm(f.file)
-        if f.function in next((fs for p, fs in OUTPUT_LOCK_SITES.items() if file.endswith(p)), ()):
+        site = next((fs for p, fs in OUTPUT_LOCK_SITES.items() if file.endswith(p)), ())
+        if f.function in site or f.function.rsplit(".", 1)[-1] in site:
             return f
-        if (file, f.function) in LOCK_FRAMES:
+        m = waits.match_python(f)
+        if m is not None and m[0].kind == "lock" and _norm(f.file).startswith(("threading.py", "queue.py")):
             continue  # threading's own wait: who called it decides
         if i and file.startswith(OUTPUT_LIBRARIES):
             return frames[i - 1]
@@ -337,68 +234,76 @@ def _output_lock(frames: list[Frame]) -> Frame | None:
     return None
 
 
+def _peer(frame: Frame | None) -> int | None:
+    """The peer of a point-to-point call, from py-spy --locals (`src: 1`, `dst: 2`; group ranks only with no group)."""
+    if frame is None or not frame.locals:
+        return None
+    no_group = frame.locals.get("group", "None") == "None"
+    for key in ("src", "dst", "peer") + (("group_src", "group_dst") if no_group else ()):
+        v = frame.locals.get(key, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+# Where a wait leaves the rank, when only a native frame names it: weak enough for the process state to overrule.
+_WEAK_NATIVE = ("lock", "network", "sleep", "io")
+
+
 def classify(dump: StackDump, state: ProcessState | None) -> Location:
-    """Where a process's main thread is, from its stack and, when known, its blocking syscall."""
+    """Where a process's main thread is: the taxonomy of waits on its frames, then its blocking syscall."""
     thread = dump.main_thread()
     if thread is None:
         return Location("unknown", detail="no threads in the dump")
-    gil = _gil_wait(thread.frames)
-    if gil is not None:
-        site = call_site(user_frame([f for f in thread.frames if not f.native]))
-        how = "waiting for the GIL" + ("" if gil.function == "Waiting for the GIL" else f" in {gil.function}")
-        return Location("lock", "the GIL", site, how, gil.quote or thread.quote)
+    idle = thread.state not in ("active", "gil")
     frames = [f for f in thread.frames if not f.native]
-    if not frames and thread.frames:
-        native = classify_native(thread.frames)
-        if native is not None:
-            kind, f = native
-            q = f.quote or thread.quote
-            op = {"collective": "a collective", "p2p": "a point-to-point call"}.get(kind)
-            return Location(kind, op, None, f"native frame {f.function}", q)
     user = user_frame(frames)
     site = call_site(user)
+    wait = waits.classify(thread.frames, idle)
 
     def loc(kind: str, op: str | None = None, detail: str = "", frame: Frame | None = None) -> Location:
+        shown = frame or user or (frames[0] if frames else None)
         return Location(
             kind,
             op,
             site,
             detail,
-            _frame_quote(dump, thread, frame or user or (frames[0] if frames else None)),
+            _frame_quote(dump, thread, shown),
+            wait=wait.row.id if wait is not None and wait.row is not None else None,
+            frame=wait.frame if wait is not None else shown,
         )
 
-    for f in frames:
-        file = _norm(f.file)
-        if f.function in INIT and (
-            file.startswith("torch/distributed/") or f.function == "init_process_group"
-        ):
-            return loc("init", op=f.function, frame=f)
-    for f in frames:
-        file = _norm(f.file)
-        if file.startswith("torch/distributed/") and f.function in P2P:
-            return loc("p2p", op=P2P[f.function], frame=f)
-        if file.startswith("torch/distributed/") and f.function in COLLECTIVES:
-            return loc("collective", op=COLLECTIVES[f.function], frame=f)
-        if file.startswith("torch/nn/parallel/distributed.py"):
-            return loc("collective", op="ddp", detail=f"DistributedDataParallel.{f.function}", frame=f)
-    held = _output_lock(frames) if thread.state not in ("active", "gil") else None
+    if wait is not None and wait.row is not None and wait.row.top_only:
+        gil = wait.frame
+        how = "waiting for the GIL" + ("" if gil.function == "Waiting for the GIL" else f" in {gil.function}")
+        return loc("lock", "the GIL", how, gil)
+    kind = LOCATION_KIND.get(wait.kind, wait.kind) if wait is not None else None
+    native_only = wait is not None and wait.frame is not None and wait.frame.native
+    if not frames and wait is not None and wait.decisive:
+        op = {"collective": "a collective", "p2p": "a point-to-point call"}.get(kind, wait.op)
+        return loc(kind, op, f"native frame {wait.frame.function}", wait.frame)
+    if wait is not None and wait.decisive and kind in ("collective", "p2p", "init", "store"):
+        via = f"; native {', '.join(wait.via)}" if wait.via else ""
+        detail = f"{wait.frame.function}{via}" if wait.row and wait.row.when_idle else ""
+        out = loc(kind, op=wait.op, detail=detail, frame=wait.frame)
+        out.peer = _peer(wait.frame) if kind == "p2p" else None
+        return out
+    held = _output_lock(frames) if idle else None
     if held is not None:
         return loc("lock", op="an output lock", detail=f"{_norm(held.file)} {held.function}", frame=held)
-    for f in frames:
-        if _norm(f.file).startswith("torch/utils/data/"):
-            return loc("dataloader", detail=f.function, frame=f)
+    if wait is not None and wait.decisive and kind == "dataloader" and not native_only:
+        return loc("dataloader", detail=wait.frame.function, frame=wait.frame)
     syscall = state.syscall if state else None
     target = state.syscall_target if state else None
     is_socket = bool(target and (target.startswith("socket:") or "(socket)" in target))
     is_anon_pipe = bool(target and target.startswith("pipe:"))
     file_io = syscall in IO_SYSCALLS and not is_socket and not is_anon_pipe
     io_detail = f"{syscall}({target})" if file_io and target else (syscall if file_io else "")
-    for f in frames:
-        if _norm(f.file).startswith(STORAGE_IO):
-            return loc("io", detail=io_detail or f"in {f.function}", frame=f)
-    top = classify_native(_top_natives(thread.frames))
-    if top is not None and top[0] == "io" and any(w in top[1].function for w in FILE_ONLY_NATIVE):
-        return loc("io", detail=f"native frame {top[1].function}", frame=top[1])
+    if wait is not None and wait.decisive and kind == "io":
+        how = io_detail or (
+            f"in {call_site(wait.frame)}" if not native_only else f"native frame {wait.frame.function}"
+        )
+        return loc("io", detail=how, frame=wait.frame)
     if state is not None and state.state == "D":
         wchan = f", wchan {state.wchan}" if state.wchan else ""
         return loc(
@@ -406,20 +311,18 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
         )
     if file_io:
         return loc("io", detail=io_detail or "")
-    waits = next((f for f in frames if (_norm(f.file), f.function) in LOCK_FRAMES), None)
-    if waits is not None and user is not None and DATA_CODE.search(_norm(user.file)):
-        # Blocked on a queue or condition inside the code that iterates the data (a framework's own loader:
-        # fairseq/data/iterators.py, a project's datasets/loader.py): it waits for its data loader's workers.
-        return loc(
-            "dataloader", detail=f"{user.function} waits on {_norm(waits.file)} {waits.function}", frame=user
-        )
-    if waits is not None:
-        return loc("lock", op=waits.function, detail=f"{_norm(waits.file)} {waits.function}", frame=waits)
-    if top is not None and top[0] == "lock" and thread.state not in ("active", "gil"):
-        return loc("lock", detail=f"native frame {top[1].function}", frame=top[1])
-    if syscall in SLEEP_SYSCALLS:
-        return loc("sleep", detail=syscall)
-    if thread.state in ("active", "gil") or (state is not None and state.state == "R"):
+    if wait is not None and wait.decisive and not native_only and kind in ("lock", "child", "network"):
+        what = f"{_norm(wait.frame.file)} {wait.frame.function}"
+        if kind == "lock" and user is not None and DATA_CODE.search(_norm(user.file)):
+            # Blocked on a queue or condition inside the code that iterates the data (a framework's own loader:
+            # fairseq/data/iterators.py, a project's datasets/loader.py): it waits for its data loader's workers.
+            return loc("dataloader", detail=f"{user.function} waits on {what}", frame=user)
+        return loc(kind, op=wait.op, detail=what, frame=wait.frame)
+    if native_only and wait.decisive and kind in ("lock", "child") and idle:
+        return loc(kind, detail=f"native frame {wait.frame.function}", frame=wait.frame)
+    if syscall in SLEEP_SYSCALLS or (native_only and kind == "sleep"):
+        return loc("sleep", detail=syscall or f"native frame {wait.frame.function}")
+    if not idle or (state is not None and state.state == "R"):
         return loc("compute")
     if syscall == "futex" and user is not None:
         return loc("lock", detail="futex: a lock, Event or condition")
@@ -552,7 +455,7 @@ def _infer_hosts(ranks: dict[int, RankView], missing: list[int], ev: Evidence) -
     return out
 
 
-_WAITING = ("collective", "p2p", "init")
+_WAITING = ("collective", "p2p", "init", "store")
 
 
 def _crowd(located: dict[int, Location]) -> tuple[Location | None, list[int], list[int]]:

@@ -18,7 +18,7 @@ from hangdx.playbooks.verdict import Culprit
 from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import LogEvent, Quote
 
-WAITING = ("collective", "p2p", "init")
+WAITING = ("collective", "p2p", "init", "store")
 
 
 def _loc_quote(v: RankView) -> list[Quote]:
@@ -54,7 +54,7 @@ def _crowd_ctx(facts: Facts) -> dict:
     crowd = facts.crowd
     return {
         "crowd": crowd.describe() if crowd else "unknown",
-        "crowd_op": crowd.op if crowd and crowd.op else "the collective",
+        "crowd_op": crowd.op_words if crowd and crowd.op else "the collective",
         "crowd_ranks": facts.crowd_ranks,
         "world_size": facts.world_size,
         "progress": facts.progress_reason,
@@ -290,50 +290,107 @@ def _minority(per_rank: dict) -> list[int]:
 
 @playbook("p2p_deadlock", order=45)
 def p2p_deadlock(facts: Facts) -> Iterator[Match]:
-    """Are point-to-point sends and receives ordered so that peers wait on each other?"""
+    """Are point-to-point sends and receives ordered so that peers wait on each other?
+
+    When the dumps name each call's peer (py-spy --locals: `src`, `dst`), the ranks that wait on one another in a
+    cycle are the culprits; a rank waiting on a rank of the cycle is only backed up behind it.
+    """
     if not _hung(facts):
         return
     p2p = facts.ranks_where("p2p")
     if not p2p:
         return
     ops = {r: facts.ranks[r].location.op for r in p2p}
+    peers = {r: facts.ranks[r].location.peer for r in p2p if facts.ranks[r].location.peer is not None}
+    cycle = _cycle_members(peers)
+    culprits = cycle or p2p
+    behind = sorted(r for r in p2p if r not in culprits) if cycle else []
     both_recv = sum(1 for op in ops.values() if op == "recv") >= 2
+    conf = 0.9 if len(p2p) >= 2 and both_recv else 0.75
+    # A rank stuck on its own (data, a lock, computing) holds its neighbours in p2p: they may only be backed up.
+    on_its_own = [
+        r for r, v in facts.ranks.items() if v.alive and v.locations and v.location.kind in _ON_ITS_OWN
+    ]
+    if on_its_own:
+        conf = 0.5
+    if cycle:
+        conf = 0.92
     yield Match(
         "p2p_deadlock",
-        0.9 if len(p2p) >= 2 and both_recv else 0.75,
-        Culprit(ranks=p2p, hosts=facts.hosts_of(p2p)),
-        [q for r in p2p for q in _loc_quote(facts.ranks[r])],
+        conf,
+        Culprit(ranks=culprits, hosts=facts.hosts_of(culprits)),
+        [q for r in culprits + behind for q in _loc_quote(facts.ranks[r])],
         {
             **_crowd_ctx(facts),
-            "ranks": p2p,
-            "ops": ops,
+            "ranks": culprits,
+            "ops": {r: ops[r] for r in culprits},
             "sites": {r: facts.ranks[r].location.call_site for r in p2p},
+            "peers": peers,
+            "cycle": cycle,
+            "behind": behind,
         },
         status="hung",
     )
 
 
+def _cycle_members(peers: dict[int, int]) -> list[int]:
+    """The ranks on a cycle of "waits for" (rank -> the peer its blocking send/recv needs)."""
+    on_cycle: set[int] = set()
+    for start in peers:
+        path: list[int] = []
+        r: int | None = start
+        while r is not None and r in peers and r not in path:
+            path.append(r)
+            r = peers[r]
+        if r is not None and r in path:
+            on_cycle.update(path[path.index(r) :])
+    return sorted(on_cycle)
+
+
+# What the odd rank's own wait says, when the crowd waits in a collective for it (kinds: playbooks/facts.py,
+# from the taxonomy in probes/waits.yaml): its wait names the cause.
 _ELSEWHERE = {
     "dataloader": ("dataloader_stall", "dataloader_stall", 0.9),
     "io": ("io_stall", "io_stall", 0.9),
     "lock": ("user_deadlock", "user_deadlock", 0.86),
+    "child": ("user_deadlock", "user_deadlock", 0.86),  # a child process or thread the program waits for
+    "network": ("io_stall", "io_stall", 0.72),  # a download or a remote store: its own I/O, not its peers
+    "sleep": ("user_deadlock", "user_deadlock", 0.7),  # a polling loop waiting for a condition of its own
 }
+
+
+# Where a rank waits on nothing its peers do: its own data, storage, locks, children, network, or computing.
+_ON_ITS_OWN = ("dataloader", "io", "lock", "child", "network", "sleep", "compute")
 
 
 @playbook("rank_elsewhere", order=50)
 def rank_elsewhere(facts: Facts) -> Iterator[Match]:
-    """Who is not in the collective the others wait in, and where is it?"""
+    """Who is not in the collective (or the point-to-point calls) the others wait in, and where is it?
+
+    Pipeline stages wait on their neighbours in send/recv: when one stage is stuck on its own data, storage or
+    locks, the stages around it are backed up in p2p, and the stuck one is the odd rank.
+    """
     crowd = facts.crowd
-    if crowd is None or crowd.kind not in ("collective",) or not _hung(facts):
+    if crowd is None or crowd.kind not in ("collective", "p2p") or not _hung(facts):
         return
     by_kind: dict[str, list[int]] = defaultdict(list)
     for r in facts.odd_ranks:
         loc = facts.ranks[r].location
         if loc.kind == "p2p" or loc.kind == "init":
             continue  # their own playbooks
+        if crowd.kind == "p2p" and loc.kind not in _ON_ITS_OWN:
+            continue  # another stage's collective or p2p: the pipeline's own traffic, not a cause by itself
         if loc.kind == "collective" and loc.call_site == crowd.call_site and loc.op != crowd.op:
             continue  # collective_mismatch
         by_kind[loc.kind].append(r)
+    compute = by_kind.pop("compute", [])
+    computing = [r for r in compute if facts.ranks[r].fraction_in({"compute"}) == 1.0]
+    if len(compute) > len(computing):
+        by_kind["compute"] = [r for r in compute if r not in computing]
+    if computing:
+        # Running its own code in every sample while the others wait for it: it holds them back (a slow or
+        # endless step), it did not skip their collective.
+        yield _elsewhere_match(facts, "rank_computing", "straggler", 0.72, computing)
     for kind, ranks in by_kind.items():
         category, template, conf = _ELSEWHERE.get(
             kind, ("conditional_collective", "conditional_collective", 0.0)
@@ -353,7 +410,7 @@ def _elsewhere_match(facts: Facts, template: str, category: str, conf: float, ra
         v = facts.ranks[r]
         evidence += _loc_quote(v)
         q = _proc_quote(facts, v)
-        if q and (v.location.kind in ("io", "lock") or (v.last_state and v.last_state.syscall)):
+        if q and (v.location.kind in ("io", "lock", "child") or (v.last_state and v.last_state.syscall)):
             evidence.append(q)
         worker = _worker_site(v)
         if worker:

@@ -22,6 +22,7 @@ _ALONE = {
     "dataloader": ("dataloader_stall", 0.62),
     "io": ("io_stall", 0.62),
     "lock": ("user_deadlock", 0.55),
+    "child": ("user_deadlock", 0.55),
     "p2p": ("p2p_deadlock", 0.42),
     "init": ("comm_init_failure", 0.5),
 }

@@ -676,11 +676,13 @@ def find_pyspy() -> str | None:
     return candidate if os.access(candidate, os.X_OK) else None
 
 
-def pyspy_dump(pyspy: str, pid: int, native: bool = False) -> tuple[str, str | None]:
+def pyspy_dump(pyspy: str, pid: int, native: bool = False, locals_: bool = False) -> tuple[str, str | None]:
     """py-spy's dump of one process: (stdout, error line or None)."""
     cmd = [pyspy, "dump", "--pid", str(pid)]
     if native:
         cmd.append("--native")
+    if locals_:
+        cmd.append("--locals")
     try:
         out = subprocess.run(cmd, capture_output=True, timeout=PYSPY_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -809,7 +811,8 @@ def collect(
                 continue
             t = time.time()
             futures = {
-                pool.submit(pyspy_dump, pyspy, p["pid"], native): p
+                # The last sample shows locals: a blocked send/recv's src/dst names the peer it waits on.
+                pool.submit(pyspy_dump, pyspy, p["pid"], native, i == samples - 1 and samples > 1): p
                 for p in procs
                 if p["pid"] not in failed_pyspy
             }

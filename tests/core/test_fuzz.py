@@ -43,7 +43,7 @@ CORPUS = [
     for d in sorted(FIXTURES.iterdir())
     if d.name in KINDS  # a folder per artifact kind (real/ is whole pastes: tests/core/test_real_corpus.py)
     for f in sorted(d.iterdir())
-    if f.suffix not in (".md", ".py", ".source")
+    if f.is_file() and f.suffix not in (".md", ".py", ".source")
 ]
 CATEGORIES = {
     "conditional_collective", "collective_mismatch", "rank_crashed", "dataloader_stall", "io_stall",
