@@ -159,10 +159,10 @@ REALISTIC: dict[str, Fault] = {
         ),
         Fault(
             "real_pipeline_1f1b",
-            "4-stage pipeline with a hand-written 1F1B schedule on blocking send/recv: two neighbouring "
-            "stages both send (activation down, gradient up) and wait for each other",
+            "4-stage pipeline, hand-written 1F1B on blocking send/recv: stage 2 sends its next activation "
+            "while stage 3 sends back its first gradient, each waiting for the other; stages 0-1 wait behind",
             "p2p_deadlock",
-            (0, 1),
+            (2, 3),
             True,
             "train_pipeline",
         ),
