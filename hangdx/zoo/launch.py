@@ -186,8 +186,8 @@ REALISTIC: dict[str, Fault] = {
         ),
         Fault(
             "real_slow_augmentation",
-            "DDP CNN: rank 1's shard is high-resolution and resized on the fly in its main process; the "
-            "job advances, every step held back by rank 1",
+            "DDP CNN: rank 1's camera records 512x512 frames that its DataLoader worker blurs and resizes on "
+            "the fly; the job advances, every step held back by rank 1",
             "straggler",
             (1,),
             False,

@@ -64,10 +64,6 @@ def _prepare_nothing(workdir: Path, world_size: int) -> None:
     pass
 
 
-def _prepare_straggler(workdir: Path, world_size: int) -> None:
-    write_image_dataset(workdir / "data" / "train", 256)
-
-
 PREPARE = {
     "real_dataloader_nfs": _prepare_ddp_nfs_dataloader,
     "real_eval_worker_died": _prepare_nothing,
@@ -76,7 +72,7 @@ PREPARE = {
     "real_pipeline_1f1b": _prepare_nothing,
     "real_multitask_unused": _prepare_nothing,
     "real_long_sequence_oom": _prepare_nothing,
-    "real_slow_augmentation": _prepare_straggler,
+    "real_slow_augmentation": _prepare_nothing,
 }
 
 
