@@ -133,7 +133,7 @@ REALISTIC: dict[str, Fault] = {
         Fault(
             "real_eval_worker_died",
             "DDP transformer LM: rank 0 hands evaluation to a spawned process that dies (ZeroDivisionError) "
-            "and waits on its result queue; the others wait in the next loss.backward()",
+            "and waits on its result queue; the others wait in DDP's buffer broadcast in the next forward",
             "user_deadlock",
             (0,),
             True,

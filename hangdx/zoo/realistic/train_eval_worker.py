@@ -6,7 +6,8 @@ Rank 0 starts an evaluator process up front; every --eval-every steps it ships t
 waits for the validation perplexity so that it can keep the best checkpoint. Field fault: the
 evaluator dies on its first job (its validation loader has drop_last=True and a batch larger than the
 validation split, so it divides by zero batches). Rank 0 waits on the result queue forever; the other
-ranks wait for it in DDP's all-reduce inside the next loss.backward().
+ranks wait for it in the next step's forward, where DDP broadcasts the model's buffers (the causal
+mask) from rank 0.
 """
 
 from __future__ import annotations
