@@ -193,6 +193,15 @@ REALISTIC: dict[str, Fault] = {
             False,
             "train_slow_augmentation",
         ),
+        Fault(
+            "real_fsdp_dcp_hung_mount",
+            "FSDP (fully_shard) classifier saving sharded checkpoints with dcp.save: rank 2's shard file is "
+            "on a server that stopped answering; the others wait in dcp.save's closing collective",
+            "io_stall",
+            (2,),
+            True,
+            "train_fsdp_checkpoint",
+        ),
     )
 }
 ALL_FAULTS: dict[str, Fault] = {**FAULTS, **REALISTIC}

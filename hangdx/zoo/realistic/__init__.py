@@ -60,6 +60,13 @@ def _prepare_rank_state_checkpoint(workdir: Path, world_size: int) -> None:
     os.mkfifo(step_dir / "rank_2_state.pt")
 
 
+def _prepare_dcp_checkpoint(workdir: Path, world_size: int) -> None:
+    # The step-5 checkpoint: rank 2's shard file sits on a server that stopped answering.
+    step_dir = workdir / "checkpoints" / "step_000005"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(step_dir / "__2_0.distcp")
+
+
 def _prepare_nothing(workdir: Path, world_size: int) -> None:
     pass
 
@@ -73,6 +80,7 @@ PREPARE = {
     "real_multitask_unused": _prepare_nothing,
     "real_long_sequence_oom": _prepare_nothing,
     "real_slow_augmentation": _prepare_nothing,
+    "real_fsdp_dcp_hung_mount": _prepare_dcp_checkpoint,
 }
 
 
