@@ -202,6 +202,15 @@ REALISTIC: dict[str, Fault] = {
             True,
             "train_fsdp_checkpoint",
         ),
+        Fault(
+            "real_async_checkpoint",
+            "DDP ResNet: rank 0 writes checkpoints in a background thread; the volume hangs in the first write, "
+            "rank 0's next save waits for it (Future.result), the others wait in loss.backward()",
+            "io_stall",
+            (0,),
+            True,
+            "train_async_checkpoint",
+        ),
     )
 }
 ALL_FAULTS: dict[str, Fault] = {**FAULTS, **REALISTIC}

@@ -41,6 +41,16 @@ def write_image_dataset(root: Path, n: int, seed: int = 0) -> None:
         (root / f"sample-{i:05d}.bin").write_bytes(IMAGE_RECORD.pack(*pixels, label))
 
 
+def hung_file(path: Path) -> None:
+    """Make `path` a FIFO: opening it blocks until a peer opens the other end, which nobody will.
+
+    This stands in for a file on a hung NFS/FUSE mount (a server that stopped answering).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
 def _prepare_ddp_nfs_dataloader(workdir: Path, world_size: int) -> None:
     root = workdir / "data" / "train"
     write_image_dataset(root, 256)
@@ -48,23 +58,23 @@ def _prepare_ddp_nfs_dataloader(workdir: Path, world_size: int) -> None:
     # DistributedSampler(shuffle=False) and batch 8, rank 1's 4th batch (step 3) holds index
     # 1 + world_size * (3 * 8 + 2).
     stale = root / f"sample-{1 + world_size * (3 * 8 + 2):05d}.bin"
-    stale.unlink()
-    os.mkfifo(stale)
+    hung_file(stale)
 
 
 def _prepare_rank_state_checkpoint(workdir: Path, world_size: int) -> None:
     # Rank 2's node-local scratch path for the step-6 checkpoint is on a hung mount (a FIFO: the
     # open() for writing waits for a reader that never comes).
-    step_dir = workdir / "checkpoints" / "step_000006"
-    step_dir.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(step_dir / "rank_2_state.pt")
+    hung_file(workdir / "checkpoints" / "step_000006" / "rank_2_state.pt")
 
 
 def _prepare_dcp_checkpoint(workdir: Path, world_size: int) -> None:
     # The step-5 checkpoint: rank 2's shard file sits on a server that stopped answering.
-    step_dir = workdir / "checkpoints" / "step_000005"
-    step_dir.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(step_dir / "__2_0.distcp")
+    hung_file(workdir / "checkpoints" / "step_000005" / "__2_0.distcp")
+
+
+def _prepare_async_checkpoint(workdir: Path, world_size: int) -> None:
+    # The checkpoint volume stops answering at the first write (step 3).
+    hung_file(workdir / "checkpoints" / "step_000003.pt")
 
 
 def _prepare_nothing(workdir: Path, world_size: int) -> None:
@@ -81,6 +91,7 @@ PREPARE = {
     "real_long_sequence_oom": _prepare_nothing,
     "real_slow_augmentation": _prepare_nothing,
     "real_fsdp_dcp_hung_mount": _prepare_dcp_checkpoint,
+    "real_async_checkpoint": _prepare_async_checkpoint,
 }
 
 
