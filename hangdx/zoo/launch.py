@@ -211,6 +211,15 @@ REALISTIC: dict[str, Fault] = {
             True,
             "train_async_checkpoint",
         ),
+        Fault(
+            "real_prefetch_thread_died",
+            "DDP text classifier: rank 1's background prefetch thread dies on a corrupt record (KeyError) and "
+            "its training loop waits on the empty prefetch queue; the others wait in loss.backward()",
+            "dataloader_stall",
+            (1,),
+            True,
+            "train_background_prefetch",
+        ),
     )
 }
 ALL_FAULTS: dict[str, Fault] = {**FAULTS, **REALISTIC}
