@@ -220,6 +220,15 @@ REALISTIC: dict[str, Fault] = {
             True,
             "train_background_prefetch",
         ),
+        Fault(
+            "real_uneven_streaming_shards",
+            "DDP on a streaming IterableDataset: rank 2's shards are short, it runs out of batches and waits "
+            "in the end-of-epoch barrier while the others are still in loss.backward()",
+            "conditional_collective",
+            (2,),
+            True,
+            "train_streaming_shards",
+        ),
     )
 }
 ALL_FAULTS: dict[str, Fault] = {**FAULTS, **REALISTIC}

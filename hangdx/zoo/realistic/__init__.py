@@ -93,6 +93,7 @@ PREPARE = {
     "real_fsdp_dcp_hung_mount": _prepare_dcp_checkpoint,
     "real_async_checkpoint": _prepare_async_checkpoint,
     "real_prefetch_thread_died": _prepare_nothing,
+    "real_uneven_streaming_shards": _prepare_nothing,
 }
 
 
