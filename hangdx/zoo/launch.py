@@ -229,6 +229,15 @@ REALISTIC: dict[str, Fault] = {
             True,
             "train_streaming_shards",
         ),
+        Fault(
+            "real_callback_relock",
+            "DDP autoencoder: rank 0's best-checkpoint callback asks the metric tracker for the best value while "
+            "the tracker holds its (non-reentrant) lock; rank 0 deadlocks on itself, the others wait in loss.backward()",
+            "user_deadlock",
+            (0,),
+            True,
+            "train_metric_callbacks",
+        ),
     )
 }
 ALL_FAULTS: dict[str, Fault] = {**FAULTS, **REALISTIC}

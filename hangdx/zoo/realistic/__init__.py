@@ -94,6 +94,7 @@ PREPARE = {
     "real_async_checkpoint": _prepare_async_checkpoint,
     "real_prefetch_thread_died": _prepare_nothing,
     "real_uneven_streaming_shards": _prepare_nothing,
+    "real_callback_relock": _prepare_nothing,
 }
 
 
