@@ -10,6 +10,7 @@ Run one at a time on a small machine:  pytest -m zoo tests/zoo/test_realistic.py
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,9 +19,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hangdx.zoo.launch import REALISTIC, ZooJob  # noqa: E402
-
-pytestmark = pytest.mark.zoo
+from hangdx.playbooks import verdict  # noqa: E402
+from hangdx.zoo.launch import FAULTS, REALISTIC, ZooJob  # noqa: E402
+from hangdx.zoo.realistic import PREPARE  # noqa: E402
 
 
 def hangdx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -29,6 +30,17 @@ def hangdx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+def test_realistic_table_is_well_formed() -> None:
+    assert len(REALISTIC) >= 6 and not set(REALISTIC) & set(FAULTS)
+    assert set(PREPARE) == set(REALISTIC)
+    for name, spec in REALISTIC.items():
+        assert spec.name == name and name.startswith("real_")
+        assert spec.category in verdict.CATEGORIES
+        assert spec.culprit_ranks and all(0 <= r < 4 for r in spec.culprit_ranks)
+        assert importlib.util.find_spec(f"hangdx.zoo.realistic.{spec.program}") is not None, spec.program
+
+
+@pytest.mark.zoo
 @pytest.mark.parametrize("name", list(REALISTIC))
 def test_realistic_program_is_diagnosed_with_the_right_category_and_culprit(name):
     spec = REALISTIC[name]
