@@ -88,7 +88,7 @@ def main() -> int:
                 )
             )
             print(f"  {fault}: {found} {ranks} in {seconds:.1f}s", file=sys.stderr)
-    w = 26 if args.realistic else 18
+    w = 28 if args.realistic else 18
     cw = 30 if args.realistic else 24
     rule = "-" * (w + 2 * cw + 30)
     print()

@@ -375,7 +375,7 @@ class ZooJob:
         )
         if self.ptracer_pid is not None:
             env["HANGDX_PTRACER"] = str(self.ptracer_pid)
-        if self.control_plane:
+        if self.control_plane and not self.fault.program:  # realistic programs serve no control plane
             env["TORCH_WORKER_SERVER_SOCKET"] = str(self.workdir / f"rank{rank}.sock")
         return env
 
