@@ -3,6 +3,7 @@
     python bench/accuracy.py [--faults a,b] [--repeat N]
     python bench/accuracy.py --real      # the real-world corpus instead (bench/real.py)
     python bench/accuracy.py --sealed    # the sealed corpus: counts only, never a case (tests/fixtures/sealed/)
+    python bench/accuracy.py --realistic # the held-out realistic training programs (hangdx/zoo/realistic/)
 
 Prints: scenario, expected category, found category, culprit right, seconds from the start of
 `hangdx diagnose` to the verdict (the whole command, Python start-up included), peak memory of the
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from hangdx.zoo.launch import FAULTS, ZooJob
+from hangdx.zoo.launch import FAULTS, REALISTIC, ZooJob
 
 
 def diagnose(job_id: str) -> tuple[dict | None, float, float, str]:
@@ -113,6 +114,11 @@ def main() -> int:
         action="store_true",
         help="the sealed corpus in tests/fixtures/sealed/: prints counts per category only, never a case",
     )
+    ap.add_argument(
+        "--realistic",
+        action="store_true",
+        help="the held-out realistic training programs (hangdx/zoo/realistic/)",
+    )
     args = ap.parse_args()
     if args.sealed:
         return sealed()
@@ -122,37 +128,42 @@ def main() -> int:
 
         print(real.table([real.analyze(c) for c in real.cases()]))
         return 0
-    faults = args.faults.split(",") if args.faults else list(FAULTS)
+    table = REALISTIC if args.realistic else FAULTS
+    faults = args.faults.split(",") if args.faults else list(table)
     rows = []
     for fault in faults:
-        spec = FAULTS[fault]
+        spec = table[fault]
         for _ in range(args.repeat):
             with ZooJob(fault) as job:
                 job.start()
-                job.wait_until_stuck()
+                job.wait_until_stuck(timeout=120 if args.realistic else 90)
                 verdict, seconds, peak, err = diagnose(job.job_id)
             rc = (verdict or {}).get("root_cause") or {}
             found = rc.get("category", f"error: {err[:60]}")
             ranks = (rc.get("culprit") or {}).get("ranks")
+            expected = f"{spec.category} {list(spec.culprit_ranks)}"
             rows.append(
                 (
                     fault,
-                    spec.category,
-                    found,
+                    expected if args.realistic else spec.category,
+                    found if not args.realistic else f"{found} {ranks}",
                     ranks == sorted(spec.culprit_ranks) and found == spec.category,
                     seconds,
                     peak,
                 )
             )
             print(f"  {fault}: {found} {ranks} in {seconds:.1f}s", file=sys.stderr)
+    w = 28 if args.realistic else 18
+    cw = 30 if args.realistic else 24
+    rule = "-" * (w + 2 * cw + 30)
     print()
-    print(f"{'scenario':18} {'expected':24} {'found':24} {'culprit':8} {'seconds':>8} {'peak MB':>8}")
-    print("-" * 96)
+    print(f"{'scenario':{w}} {'expected':{cw}} {'found':{cw}} {'culprit':8} {'seconds':>8} {'peak MB':>8}")
+    print(rule)
     for fault, expected, found, right, seconds, peak in rows:
         print(
-            f"{fault:18} {expected:24} {found:24} {'right' if right else 'WRONG':8} {seconds:8.2f} {peak:8.1f}"
+            f"{fault:{w}} {expected:{cw}} {found:{cw}} {'right' if right else 'WRONG':8} {seconds:8.2f} {peak:8.1f}"
         )
-    print("-" * 96)
+    print(rule)
     right = sum(1 for r in rows if r[3])
     median = statistics.median(r[4] for r in rows) if rows else 0.0
     peak = max((r[5] for r in rows), default=0.0)

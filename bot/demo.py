@@ -19,7 +19,8 @@ def run_demo(args: argparse.Namespace) -> int:
     from hangdx.bot.cli import UsageError, _print
 
     try:
-        from hangdx.zoo.launch import DEFAULT_FAULT, FAULTS, ZooJob
+        from hangdx.zoo.launch import ALL_FAULTS as FAULTS
+        from hangdx.zoo.launch import DEFAULT_FAULT, ZooJob
     except ImportError as e:  # torch missing: the zoo's job imports it lazily, the launcher should not
         raise UsageError(
             f"the demo needs its job's dependencies ({e}); install them with: pip install 'hangdx[demo]'"
@@ -28,7 +29,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.list:
         for name, f in FAULTS.items():
             mark = " (default)" if name == DEFAULT_FAULT else ""
-            print(f"{name:18} {f.category:24} {f.description}{mark}")
+            print(f"{name:26} {f.category:24} {f.description}{mark}")
         return 0
     fault = args.fault or DEFAULT_FAULT
     if fault not in FAULTS:

@@ -28,6 +28,8 @@ class Fault:
     category: str
     culprit_ranks: tuple[int, ...]
     hangs: bool
+    # A realistic program (hangdx.zoo.realistic.<program>) instead of a hangdx.zoo.job scenario.
+    program: str = ""
 
 
 FAULTS: dict[str, Fault] = {
@@ -115,14 +117,145 @@ FAULTS: dict[str, Fault] = {
 }
 DEFAULT_FAULT = "skip_collective"
 
+# The held-out set: training programs written as users write them (hangdx/zoo/realistic/).
+REALISTIC: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "real_dataloader_nfs",
+            "DDP CNN: a sample file of rank 1's shard is on an NFS server that stopped answering; its "
+            "DataLoader worker blocks in open(), the other ranks wait in loss.backward()",
+            "dataloader_stall",
+            (1,),
+            True,
+            "train_dataloader_nfs",
+        ),
+        Fault(
+            "real_eval_worker_died",
+            "DDP transformer LM: rank 0 hands evaluation to a spawned process that dies (ZeroDivisionError) "
+            "and waits on its result queue; the others wait in DDP's buffer broadcast in the next forward",
+            "user_deadlock",
+            (0,),
+            True,
+            "train_eval_worker",
+        ),
+        Fault(
+            "real_checkpoint_hung_mount",
+            "DDP CNN: every rank saves its resume state; rank 2's checkpoint path is on a hung mount and "
+            "torch.save blocks in open(), the others wait in the next loss.backward()",
+            "io_stall",
+            (2,),
+            True,
+            "train_checkpoint_mount",
+        ),
+        Fault(
+            "real_early_stopping",
+            "DDP regression: validation loss is not all-reduced, rank 3's early stopping fires alone and it "
+            "waits in the final barrier while the others train on in loss.backward()",
+            "conditional_collective",
+            (3,),
+            True,
+            "train_early_stopping",
+        ),
+        Fault(
+            "real_pipeline_1f1b",
+            "4-stage pipeline, hand-written 1F1B on blocking send/recv: stage 2 sends its next activation "
+            "while stage 3 sends back its first gradient, each waiting for the other; stages 0-1 wait behind",
+            "p2p_deadlock",
+            (2, 3),
+            True,
+            "train_pipeline",
+        ),
+        Fault(
+            "real_multitask_unused",
+            "DDP multi-task model (find_unused_parameters=False): rank 1's batches carry no auxiliary "
+            "labels, its aux head gets no gradient, and DDP's reduction never completes",
+            "ddp_unused_parameters",
+            (1,),
+            True,
+            "train_multitask",
+        ),
+        Fault(
+            "real_long_sequence_oom",
+            "DDP language model without truncation: rank 2 meets a very long document and is OOM-killed "
+            "(cgroup limit); the others wait in loss.backward()",
+            "rank_crashed",
+            (2,),
+            True,
+            "train_long_sequence",
+        ),
+        Fault(
+            "real_slow_augmentation",
+            "DDP CNN: rank 1's camera records 512x512 frames that its DataLoader worker blurs and resizes on "
+            "the fly; the job advances, every step held back by rank 1",
+            "straggler",
+            (1,),
+            False,
+            "train_slow_augmentation",
+        ),
+        Fault(
+            "real_fsdp_dcp_hung_mount",
+            "FSDP (fully_shard) classifier saving sharded checkpoints with dcp.save: rank 2's shard file is "
+            "on a server that stopped answering; the others wait in dcp.save's closing collective",
+            "io_stall",
+            (2,),
+            True,
+            "train_fsdp_checkpoint",
+        ),
+        Fault(
+            "real_async_checkpoint",
+            "DDP ResNet: rank 0 writes checkpoints in a background thread; the volume hangs in the first write, "
+            "rank 0's next save waits for it (Future.result), the others wait in loss.backward()",
+            "io_stall",
+            (0,),
+            True,
+            "train_async_checkpoint",
+        ),
+        Fault(
+            "real_prefetch_thread_died",
+            "DDP text classifier: rank 1's background prefetch thread dies on a corrupt record (KeyError) and "
+            "its training loop waits on the empty prefetch queue; the others wait in loss.backward()",
+            "dataloader_stall",
+            (1,),
+            True,
+            "train_background_prefetch",
+        ),
+        Fault(
+            "real_uneven_streaming_shards",
+            "DDP on a streaming IterableDataset: rank 2's shards are short, it runs out of batches and waits "
+            "in the end-of-epoch barrier while the others are still in loss.backward()",
+            "conditional_collective",
+            (2,),
+            True,
+            "train_streaming_shards",
+        ),
+        Fault(
+            "real_callback_relock",
+            "DDP autoencoder: rank 0's best-checkpoint callback asks the metric tracker for the best value while "
+            "the tracker holds its (non-reentrant) lock; rank 0 deadlocks on itself, the others wait in loss.backward()",
+            "user_deadlock",
+            (0,),
+            True,
+            "train_metric_callbacks",
+        ),
+    )
+}
+ALL_FAULTS: dict[str, Fault] = {**FAULTS, **REALISTIC}
+# A realistic job counts as hung when no rank's heartbeat has changed for this long.
+REALISTIC_QUIET_SECONDS = 5.0
+
 # The rank that kills itself in rank_killed: its marker comes before its death.
-_KILLED_RANK = {"rank_killed": 2}
+_KILLED_RANK = {"rank_killed": 2, "real_long_sequence_oom": 2}
 # Debug settings inherited from the caller's shell that would change what the zoo shows: DETAIL
 # wraps every collective in a fingerprint check that turns the mismatch hangs into immediate
 # errors (and segfaults DDP construction in torch 2.13 CPU).
 _SCRUBBED_ENV = ("TORCH_DISTRIBUTED_DEBUG",)
 # In ddp_unused, INFO makes DDP's error name the unused parameters (aux.weight, aux.bias).
-_FAULT_ENV = {"ddp_unused": {"TORCH_DISTRIBUTED_DEBUG": "INFO"}}
+_FAULT_ENV = {
+    "ddp_unused": {"TORCH_DISTRIBUTED_DEBUG": "INFO"},
+    # The simulated cgroup OOM killer of hangdx.zoo.realistic.utils watches this rank.
+    "real_long_sequence_oom": {"HANGDX_ZOO_OOM_RANK": "2", "HANGDX_ZOO_OOM_GROWTH_MB": "150"},
+}
 
 
 def free_port() -> int:
@@ -177,6 +310,17 @@ def reached_fault(workdir: Path, fault: Fault, world_size: int, rank_alive: Call
     return killed is None or not rank_alive(killed)
 
 
+def went_quiet(workdir: Path, world_size: int, quiet: float = REALISTIC_QUIET_SECONDS) -> bool:
+    """Has every rank written a heartbeat, and none changed for `quiet` seconds (a realistic job's hang)?"""
+    newest = 0.0
+    for rank in range(world_size):
+        try:
+            newest = max(newest, (workdir / f"rank{rank}.step").stat().st_mtime)
+        except OSError:
+            return False
+    return time.time() - newest >= quiet
+
+
 class ZooJob:
     """A running zoo job: one process (and session) per rank; `with ZooJob(...) as job:` starts and stops it."""
 
@@ -189,11 +333,11 @@ class ZooJob:
         ptracer_pid: int | None = None,
         control_plane: bool = False,
     ) -> None:
-        if fault not in FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        if fault not in ALL_FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(ALL_FAULTS)}")
         if world_size < 4:
             raise ValueError(f"the zoo's faults need world_size >= 4, got {world_size}")
-        self.fault = FAULTS[fault]
+        self.fault = ALL_FAULTS[fault]
         self.world_size = world_size
         self.job_id = job_id or f"zoo-{fault}-{secrets.token_hex(4)}"
         self._own_workdir = workdir is None
@@ -218,6 +362,7 @@ class ZooJob:
         env.update(_FAULT_ENV.get(self.fault.name, {}))
         env.update(
             HANGDX_JOB_ID=self.job_id,
+            HANGDX_ZOO_WORKDIR=str(self.workdir),
             RANK=str(rank),
             LOCAL_RANK=str(rank),
             WORLD_SIZE=str(self.world_size),
@@ -230,7 +375,7 @@ class ZooJob:
         )
         if self.ptracer_pid is not None:
             env["HANGDX_PTRACER"] = str(self.ptracer_pid)
-        if self.control_plane:
+        if self.control_plane and not self.fault.program:  # realistic programs serve no control plane
             env["TORCH_WORKER_SERVER_SOCKET"] = str(self.workdir / f"rank{rank}.sock")
         return env
 
@@ -244,15 +389,27 @@ class ZooJob:
                 old.unlink()
         atexit.register(self.stop)
         port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "hangdx.zoo.job",
-            "--fault",
-            self.fault.name,
-            "--workdir",
-            str(self.workdir),
-        ]
+        if self.fault.program:
+            from hangdx.zoo.realistic import prepare
+
+            prepare(self.fault.name, self.workdir, self.world_size)
+            cmd = [
+                sys.executable,
+                "-m",
+                f"hangdx.zoo.realistic.{self.fault.program}",
+                "--out-dir",
+                str(self.workdir),
+            ]
+        else:
+            cmd = [
+                sys.executable,
+                "-m",
+                "hangdx.zoo.job",
+                "--fault",
+                self.fault.name,
+                "--workdir",
+                str(self.workdir),
+            ]
         for rank in range(self.world_size):
             with open(self._log_path(rank), "wb") as log:
                 proc = subprocess.Popen(
@@ -283,6 +440,11 @@ class ZooJob:
         return "\n".join(parts)
 
     def _ready(self) -> bool:
+        if self.fault.program and self.fault.hangs:
+            killed = _KILLED_RANK.get(self.fault.name)
+            if killed is not None and self._procs[killed].poll() is None:
+                return False
+            return went_quiet(self.workdir, self.world_size)
         return reached_fault(
             self.workdir, self.fault, self.world_size, lambda r: self._procs[r].poll() is None
         )
@@ -303,7 +465,8 @@ class ZooJob:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.job_id}: not stuck after {timeout:.0f} s\n{self._tails()}")
             time.sleep(0.2)
-        time.sleep(1.0)  # the marker comes just before the blocking call: let every rank get into it
+        if not self.fault.program:
+            time.sleep(1.0)  # the marker comes just before the blocking call: let every rank get into it
         for proc in self._procs.values():
             proc.poll()  # reap the killed rank so its pid is really gone
 
