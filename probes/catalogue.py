@@ -146,111 +146,34 @@ def literal_run(p: str) -> int:
     return best
 
 
-def longest_literal(p: str) -> str:
-    """The longest fixed fragment of a pattern, unescaped: the prefilter's needle for its row."""
-    best, cur = "", ""
-    i, in_class = 0, False
-    while i < len(p):
-        c = p[i]
-        if in_class:
-            if c == "\\":
-                i += 1
-            elif c == "]":
-                in_class = False
-            i += 1
+def needle(pattern: str) -> str:
+    """The longest run of characters on every line the pattern matches (read from Python's own parse of it, so
+    groups, alternatives and repeats are what they are): the prefilter's needle for the row."""
+    try:
+        import re._parser as sre_parse  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse  # type: ignore[no-redef]
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    best: list[str] = [""]
+
+    def walk(seq) -> None:
+        cur = ""
+        for op, av in seq:
+            if op is c.LITERAL:
+                cur += chr(av)
+                if len(cur) > len(best[0]):
+                    best[0] = cur
+                continue
             cur = ""
-            continue
-        if c == "\\" and i + 1 < len(p):
-            nxt = p[i + 1]
-            if nxt in "dDwWsSbBntrfv" or nxt.isdigit():
-                cur = ""
-            else:
-                cur += nxt
-            i += 2
-        elif c == "[":
-            in_class, cur = True, ""
-            i += 1
-        elif c in "(){}|*+?.^$":
-            if c in "*?{+" and cur:
-                cur = cur[:-1]  # the character before a quantifier is not fixed
-                best = best if len(best) >= len(cur) else cur
-            cur = ""
-            i += 1
-            if c == "{":  # skip the quantifier's body
-                j = p.find("}", i)
-                i = j + 1 if j >= 0 else i
-            continue
-        else:
-            cur += c
-            i += 1
-        if len(cur) > len(best):
-            best = cur
-    return best
+            if op is c.SUBPATTERN:
+                walk(av[-1])  # a group is on the line whenever the pattern is
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[0] >= 1:
+                walk(av[2])  # at least once
+            # a branch, a class, an optional part: nothing certain
 
-
-def _alternation_risky(p: str) -> bool:
-    """True when a top-level `|` means no fragment is certain to be on a matching line."""
-    depth, i = 0, 0
-    while i < len(p):
-        c = p[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            return True
-        i += 1
-    return False
-
-
-def mandatory(p: str) -> str:
-    """The pattern with every group that may be absent or varies (an alternation, `?`, `*`, `{0,n}`) made `.`,
-    so that a fixed fragment of what is left is on every line the pattern matches."""
-    out, i = [], 0
-    while i < len(p):
-        c = p[i]
-        if c == "\\":
-            out.append(p[i : i + 2])
-            i += 2
-            continue
-        if c == "[":  # a class is one character whatever it holds
-            j = i + 1
-            while j < len(p) and p[j] != "]":
-                j += 2 if p[j] == "\\" else 1
-            out.append(p[i : j + 1])
-            i = j + 1
-            continue
-        if c == "(":
-            depth, j, alt = 0, i, False
-            while j < len(p):
-                if p[j] == "\\":
-                    j += 2
-                    continue
-                if p[j] == "[":
-                    while j < len(p) and p[j] != "]":
-                        j += 2 if p[j] == "\\" else 1
-                elif p[j] == "(":
-                    depth += 1
-                elif p[j] == ")":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                elif p[j] == "|" and depth == 1:
-                    alt = True
-                j += 1
-            nxt = p[j + 1 : j + 4]
-            optional = nxt[:1] in ("?", "*") or nxt.startswith("{0")
-            inner = p[i + 1 : j]
-            inner = re.sub(r"^\?P<\w+>|^\?:", "", inner)
-            out.append("." if alt or optional else "(" + mandatory(inner) + ")")
-            i = j + 1
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
+    walk(sre_parse.parse(pattern))
+    return best[0]
 
 
 def check_row(raw: Any, where: str) -> list[str]:
@@ -389,6 +312,7 @@ class Catalogue:
             elif engine == "hyperscan":
                 raise CatalogueError("hyperscan is not importable")
         self._pre = _prefilter(rows)
+        self._always = set(self._pre.always)  # rows without a needle: tried by `re` on every line
         self._raw: dict[tuple[bytes, ...], Any] = {}
 
     # -- lines of text ---------------------------------------------------------------------------------------
@@ -434,9 +358,8 @@ class Catalogue:
 
         self._hs.scan(b"\n".join(parts), match_event_handler=on_match)
         out = []
-        for k in sorted(hits):
-            n = batch[k]
-            for i, f in self._confirm(texts[n], hits[k]):
+        for k, n in enumerate(batch):
+            for i, f in self._confirm(texts[n], hits.get(k, set()) | self._always):
                 out.append((n, self.rows[i], f))
         return out
 
@@ -445,7 +368,7 @@ class Catalogue:
             found: set[int] = set()
             self._hs.scan(text[:MAX_LINE].encode("utf-8", "surrogatepass"),
                           match_event_handler=lambda pid, *_: found.add(pid))  # fmt: skip
-            return found
+            return found | self._always
         return self._pre.candidates(text[:MAX_LINE])
 
     def _confirm(self, text: str, ids: set[int] | range) -> list[tuple[int, dict[str, Any]]]:
@@ -513,8 +436,8 @@ def _prefilter(rows: list[Row]) -> _Prefilter:
     owners: dict[str, list[int]] = {}
     always: list[int] = []
     for i, r in enumerate(rows):
-        lit = longest_literal(mandatory(r.pattern))
-        if len(lit) < MIN_LITERAL or _alternation_risky(r.pattern):
+        lit = needle(r.pattern)
+        if len(lit) < MIN_LITERAL:
             always.append(i)  # a top-level alternative may match without this fragment
             continue
         owners.setdefault(lit.lower(), []).append(i)
@@ -527,12 +450,11 @@ def _prefilter(rows: list[Row]) -> _Prefilter:
     alt = "|".join(re.escape(n) for n in needles)
     rx = re.compile(alt, re.I) if needles else None
     # On raw bytes: the same needles, or (rows without one) a fault word, so that nothing is lost.
-    bneedles = [n.encode("utf-8") for n in needles] + ([b"error", b"warn", b"fail"] if always else [])
-    bytes_rx = (
-        re.compile(b"(?i:" + b"|".join(re.escape(n) for n in bneedles) + b")")
-        if bneedles
-        else re.compile(b"(?!)")
-    )
+    # Rows without a needle are looked for by their own pattern (names taken off), so that none is lost.
+    alts = [re.escape(n.encode("utf-8")) for n in needles] + [
+        _GROUP_NAME.sub("(?:", rows[i].pattern).encode("utf-8") for i in always
+    ]
+    bytes_rx = re.compile(b"(?i:" + b"|".join(alts) + b")") if alts else re.compile(b"(?!)")
     return _Prefilter(rx, bytes_rx, owners, always)
 
 
@@ -551,9 +473,18 @@ def _hyperscan_db(rows: list[Row], extra: tuple[bytes, ...] = ()) -> Any:
         return None
     exprs, flags = [], []
     for r in rows:
-        exprs.append(_short_tail(_GROUP_NAME.sub("(", r.pattern)).encode("utf-8"))
-        # No SINGLEMATCH: one scan covers many lines, and each line must report its own match.
-        flags.append(hyperscan.HS_FLAG_CASELESS if r.flags == "i" else 0)
+        # A row is looked for by its needle, a plain string Hyperscan's literal matchers find (every hit is then
+        # confirmed by the row's own `re`): a database of the full patterns was seen to miss lines it should
+        # match (two rows sharing `\[(\d+)\] ` missed `[PG 0 Rank 0] - [0] Timeout at collective`). A row without
+        # a needle keeps its pattern here and is also tried by `re` on every kept line (Catalogue._always).
+        lit = needle(r.pattern)
+        if len(lit) >= MIN_LITERAL:
+            exprs.append("".join(f"\\x{b:02x}" for b in lit.encode("utf-8")).encode())
+            flags.append(hyperscan.HS_FLAG_CASELESS)
+        else:
+            exprs.append(_short_tail(_GROUP_NAME.sub("(", r.pattern)).encode("utf-8"))
+            # No SINGLEMATCH: one scan covers many lines, and each line must report its own match.
+            flags.append(hyperscan.HS_FLAG_CASELESS if r.flags == "i" else 0)
     for x in extra:
         exprs.append(x)
         flags.append(hyperscan.HS_FLAG_CASELESS)
