@@ -311,11 +311,24 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
         )
     if file_io:
         return loc("io", detail=io_detail or "")
+    if wait is not None and wait.decisive and kind == "child":
+        # Waiting for a thread of its own (Future.result, Thread.join, a queue it fills): the wait is where that
+        # thread is. An engineer follows the chain: a writer thread blocked in open() makes this an I/O stall.
+        chained = _awaited_thread(dump, thread)
+        if chained is not None:
+            other, owait, okind = chained
+            what = f"{wait.frame.function} waits for thread {other.name or other.tid}, blocked in " + (
+                f"{_norm(owait.frame.file)} {owait.frame.function}"
+            )
+            return loc(okind, op=owait.op, detail=what, frame=owait.frame)
     if wait is not None and wait.decisive and not native_only and kind in ("lock", "child", "network"):
         what = f"{_norm(wait.frame.file)} {wait.frame.function}"
-        if kind == "lock" and user is not None and DATA_CODE.search(_norm(user.file)):
+        if kind == "lock" and user is not None and (
+            DATA_CODE.search(_norm(user.file)) or user.function.rsplit(".", 1)[-1] == "__next__"
+        ):
             # Blocked on a queue or condition inside the code that iterates the data (a framework's own loader:
-            # fairseq/data/iterators.py, a project's datasets/loader.py): it waits for its data loader's workers.
+            # fairseq/data/iterators.py, a project's datasets/loader.py, an iterator's __next__ taking batches a
+            # prefetch thread puts in a queue): it waits for its data pipeline's producers.
             return loc("dataloader", detail=f"{user.function} waits on {what}", frame=user)
         return loc(kind, op=wait.op, detail=what, frame=wait.frame)
     if native_only and wait.decisive and kind in ("lock", "child") and idle:
@@ -329,6 +342,19 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     if is_anon_pipe or is_socket:
         return loc("idle", detail=f"{syscall} on {target}")
     return loc("idle", detail=syscall or "")
+
+
+def _awaited_thread(dump: StackDump, main) -> tuple[object, object, str] | None:
+    """Another thread of the process blocked on storage, data or the network: (thread, its wait, location kind),
+    the first such; None when every other thread is idle elsewhere or computing."""
+    for t in dump.threads:
+        if t is main or not t.frames:
+            continue
+        w = waits.classify(t.frames, t.state not in ("active", "gil"))
+        k = LOCATION_KIND.get(w.kind, w.kind) if w is not None else None
+        if w is not None and w.decisive and w.frame is not None and k in ("io", "dataloader", "network"):
+            return t, w, k
+    return None
 
 
 def _states_by_pid(ev: Evidence) -> dict[tuple[str | None, int], list[ProcessState]]:
