@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -37,7 +38,8 @@ TEXT_FILETYPES = {
     "text", "log", "python", "shell", "json", "yaml", "markdown", "csv", "xml", "c", "cpp", "diff", "ini",
     "toml", "post", "space",
 }  # fmt: skip
-DOWNLOAD_TIMEOUT = 30
+DOWNLOAD_TIMEOUT = 30  # seconds one read may wait for a byte
+DOWNLOAD_DEADLINE = 120  # seconds all of one request's downloads may take (a worker's job has 300)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -55,6 +57,7 @@ class Budget:
     files: int = MAX_FILES
     bytes: int = field(default_factory=lambda: int_setting("HANGDX_ANALYZE_MAX_MB", MAX_BYTES >> 20) << 20)
     skipped: list[str] = field(default_factory=list)
+    deadline: float = field(default_factory=lambda: time.monotonic() + DOWNLOAD_DEADLINE)
 
     def __post_init__(self) -> None:
         self.cap_mb = self.bytes >> 20
@@ -111,14 +114,28 @@ class _Download:
             self.budget.skipped.append(f"{self.name}: not read past the {self.budget.cap_mb} MB cap")
             self._close()
             return b""
+        buf = bytearray()
         try:
-            data = self.resp.read(want)
+            # Piece by piece, so that a file trickling in a byte at a time stops at the request's deadline.
+            while len(buf) < want:
+                if time.monotonic() > self.budget.deadline:
+                    self.budget.skipped.append(
+                        f"{self.name}: the rest not read: downloads past {DOWNLOAD_DEADLINE} s were stopped"
+                    )
+                    self.done = True
+                    break
+                piece = self.resp.read1(min(want - len(buf), 1 << 16))
+                if not piece:
+                    break
+                buf += piece
         except OSError as e:
             self.budget.skipped.append(f"{self.name}: download broke off ({_one_line(e)})")
-            data = b""
-        if not data:
+            self.done = True
+        data = bytes(buf)
+        if not data or self.done:
             self._close()
-            return b""
+            if not data:
+                return b""
         if self.first:
             self.first = False
             if _binary(data):
@@ -172,21 +189,24 @@ def thread_messages(client: WebClient, req: AnalyzeRequest) -> list[dict]:
     return out[:MAX_MESSAGES]
 
 
+def _origin(u: Any) -> tuple[str, str | None, int | None]:
+    """(scheme, host, port) of a parsed URL, the port filled in from the scheme; ValueError for a bad port."""
+    return u.scheme, u.hostname, u.port or {"https": 443, "http": 80}.get(u.scheme)
+
+
 def _allowed_host(url: str, api_url: str | None) -> bool:
+    """Whether the bot token may go to `url`: Slack's file host over https on 443, or the configured API URL's
+    own scheme, host and port (a local stand-in on loopback may be plain http); never another port of a host."""
     try:
-        u = urlparse(url)
+        scheme, host, port = _origin(urlparse(url))
+        api = _origin(urlparse(api_url or "")) if api_url else None
     except ValueError:
         return False
-    hosts = set(SLACK_FILE_HOSTS)
-    api = urlparse(api_url or "")
-    if api.hostname:
-        hosts.add(api.hostname)
-    if u.hostname not in hosts:
+    if host in SLACK_FILE_HOSTS:
+        return (scheme, port) == ("https", 443)
+    if api is None or api[1] is None or (scheme, host, port) != api:
         return False
-    # Slack's file host is https; only a configured API URL on loopback (a local stand-in) may be plain http.
-    return u.scheme == "https" or (
-        u.scheme == "http" and u.hostname == api.hostname and u.hostname == "127.0.0.1"
-    )
+    return scheme == "https" or (scheme == "http" and host == "127.0.0.1")
 
 
 def _is_text_file(f: dict) -> bool:
