@@ -446,6 +446,7 @@ def _stat(pid: int) -> dict | None:
             "ppid": int(rest[1]),
             "cpu_seconds": (int(rest[11]) + int(rest[12])) / float(tick),
             "threads": int(rest[17]),
+            "started": int(rest[19]),  # clock ticks after boot
         }
     except (IndexError, ValueError):
         return None
@@ -482,6 +483,7 @@ def find_job_processes(job_id: str, secrets: set[str] | None = None) -> tuple[li
                 "pid": pid,
                 "uid": _uid(pid),
                 "ppid": st.get("ppid"),
+                "started": st.get("started"),
                 "rank": _int(env.get("RANK")),
                 "local_rank": _int(env.get("LOCAL_RANK")),
                 "world_size": _int(env.get("WORLD_SIZE")),
@@ -775,6 +777,12 @@ def collect(
         )
 
     procs, others, unreadable = find_job_processes(job_id, secrets)
+    uid = job_uid(job_id)
+    procs, impostors = split_impostors(procs, uid)
+    for line in impostors:
+        errors.append({"source": "processes", "message": line})
+    if uid is None and procs:
+        uid = procs[0].get("uid")  # the one user left: whose files may be read
     if unreadable and not procs and os.geteuid() != 0:
         errors.append(
             {
@@ -857,9 +865,6 @@ def collect(
         }
         add("processes.json", "procstate", json.dumps(doc, indent=1))
 
-    uid = job_uid(job_id)
-    for line in suspect_ranks(procs, uid):
-        errors.append({"source": "processes", "message": line})
     _collect_rank_files(procs, host, add, errors, uid)
     if host_thread is not None:
         host_thread.join(timeout=60)
@@ -919,35 +924,35 @@ def _owned_socket(path: str, uid: int | None) -> str | None:
 
 
 def job_uid(job_id: str) -> int | None:
-    """The job's user as Slurm knows it (`scontrol show job`), on a Slurm node; None elsewhere."""
-    if not shutil.which("scontrol") or not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
+    """The job's user as Slurm knows it (`squeue -o %U`: the number alone, which no job name can shadow), on a
+    Slurm node; None elsewhere."""
+    if not shutil.which("squeue") or not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job_id):
         return None
-    out, _ = _run(["scontrol", "show", "job", "-o", job_id], timeout=5)
-    m = re.search(r"\bUserId=[^(\s]*\((\d+)\)", out or "")
-    return int(m.group(1)) if m else None
+    out, _ = _run(["squeue", "-h", "-j", job_id, "-o", "%U"], timeout=5)
+    first = (out or "").strip().splitlines()[:1]
+    return int(first[0]) if first and first[0].strip().isdigit() else None
 
 
-def suspect_ranks(procs: list[dict], uid: int | None) -> list[str]:
-    """One line per rank that does not run as the job's user (when Slurm names it), or per user when the job's
-    processes run as more than one: their files are not read and the verdict says so."""
-    if uid is not None:
-        return [
-            "rank %s (pid %s) runs as uid %s, not as the job's user (uid %d): its files are not read, and its "
-            "stacks are evidence of another user's process" % (p["rank"], p["pid"], p.get("uid"), uid)
-            for p in procs
-            if p.get("uid") is not None and p.get("uid") != uid and p["role"] == "rank"
-        ]
-    uids = sorted({p.get("uid") for p in procs if p.get("uid") is not None})
-    if len(uids) > 1:
-        by = {
-            u: sorted(str(p["rank"]) for p in procs if p.get("uid") == u and p["role"] == "rank")
-            for u in uids
-        }
-        return [
-            "the job's ranks run as %d different users (%s): one of them may not be the job's"
-            % (len(uids), "; ".join("uid %s: ranks %s" % (u, ", ".join(r)) for u, r in by.items()))
-        ]
-    return []
+def split_impostors(procs: list[dict], uid: int | None) -> tuple[list[dict], list[str]]:
+    """The job's processes, and one line per process that claims the job but runs as another user: never read
+    as a rank. The job's user is Slurm's (`uid`) or else the user of the rank started first (a process that
+    joins a job later cannot have started it)."""
+    if uid is None:
+        owned = [p for p in procs if p.get("uid") is not None and p["role"] == "rank"]
+        if len({p["uid"] for p in owned}) <= 1:
+            return procs, []
+        first = min(owned, key=lambda p: (p.get("started") is None, p.get("started") or 0, p["pid"]))
+        uid, why = first["uid"], "the user of the job's first-started rank, pid %d" % first["pid"]
+    else:
+        why = "Slurm's user of the job"
+    kept = [p for p in procs if p.get("uid") == uid]
+    lines = [
+        "pid %s claims rank %s of this job but runs as uid %s, not as the job's user (uid %d, %s): not read as a "
+        "rank (another user's process carrying the job's id)" % (p["pid"], p["rank"], p.get("uid"), uid, why)
+        for p in procs
+        if p.get("uid") != uid
+    ]
+    return kept, lines
 
 
 def _collect_rank_files(

@@ -7,9 +7,11 @@ user owns, never through a link, and ranks running as different users are named 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -52,28 +54,39 @@ def test_files_a_fake_rank_names_are_not_read_when_its_user_does_not_own_them(tm
     assert "a link, refused" in said
 
 
-def test_ranks_of_one_job_running_as_different_users_are_named(tmp_path):
+def test_a_process_of_another_user_claiming_the_job_is_reported_never_read_as_a_rank(tmp_path):
+    # Hardening 21.4: another local user's processes carrying the job's id decided the verdict ("rank 1 is
+    # sleeping at dataloader_wait"). The job's user here is that of its first-started rank.
     job = f"trust-{uuid.uuid4().hex[:8]}"
     real = _start(job, 0, {})
+    time.sleep(0.05)
     fake = _start(job, 1, {}, user=NOBODY)
     try:
         doc = collector.collect(job, samples=1, interval=0.1, hardware=False)
     finally:
         _stop(real, fake)
     said = " ".join(e["message"] for e in doc["errors"])
-    assert f"the job's ranks run as 2 different users (uid 0: ranks 0; uid {NOBODY}: ranks 1)" in said
+    assert (
+        f"pid {fake.pid} claims rank 1 of this job but runs as uid {NOBODY}, not as the job's user (uid 0"
+        in said
+    )
+    read = [a for a in doc["artifacts"] if a["kind"] in ("pyspy", "procstate")]
+    assert all(a["pid"] != fake.pid for a in read)
+    states = next(json.loads(a["data"]) for a in doc["artifacts"] if a["kind"] == "procstate")
+    assert [s["pid"] for s in states["samples"]] == [real.pid] * len(states["samples"])
 
 
-def test_with_slurm_naming_the_job_user_a_rank_of_another_user_is_suspect_and_unread():
+def test_with_slurm_naming_the_job_user_a_rank_of_another_user_is_reported_and_unread():
     procs = [
-        {"pid": 10, "rank": 0, "uid": 1000, "role": "rank", "env": {}},
-        {"pid": 11, "rank": 1, "uid": NOBODY, "role": "rank", "env": {"NCCL_DEBUG_FILE": "/etc/shadow"}},
-    ]
-    lines = collector.suspect_ranks(procs, 1000)
+        {"pid": 10, "rank": 0, "uid": NOBODY, "role": "rank", "env": {}, "started": 1},  # first, but not Slurm's
+        {"pid": 11, "rank": 1, "uid": 1000, "role": "rank", "env": {"NCCL_DEBUG_FILE": "/etc/shadow"}, "started": 9},
+    ]  # fmt: skip
+    kept, lines = collector.split_impostors(procs, 1000)
+    assert [p["pid"] for p in kept] == [11]
     assert lines == [
-        f"rank 1 (pid 11) runs as uid {NOBODY}, not as the job's user (uid 1000): its files are not read, and "
-        "its stacks are evidence of another user's process"
+        f"pid 10 claims rank 0 of this job but runs as uid {NOBODY}, not as the job's user (uid 1000, Slurm's user "
+        "of the job): not read as a rank (another user's process carrying the job's id)"
     ]
     added: list = []
-    collector._collect_rank_files(procs[1:], "node1", lambda *a, **k: added.append(a), [], uid=1000)
+    collector._collect_rank_files(procs[:1], "node1", lambda *a, **k: added.append(a), [], uid=1000)
     assert added == []
