@@ -40,6 +40,40 @@ Submit = Callable[[DiagnoseRequest], str]
 Confirm = Callable[[str], "Confirmation"]
 
 
+STORM_JOBS = 5  # this many jobs going quiet together are one incident (a shared file system, the fabric)
+STORM_WINDOW = 300.0  # seconds within which they went quiet
+STORM_PROBES = 3  # jobs of a storm probed before giving up on it for this pass
+PROBES_PER_PASS = 5  # confirmation probes one pass runs (each takes seconds); the rest wait for the next
+
+
+def _mount_of(path: str) -> str | None:
+    """The mount point a file lives on (walking up to a mount, without following links)."""
+    p = os.path.dirname(os.path.abspath(path))
+    try:
+        while not os.path.ismount(p) and p != os.path.dirname(p):
+            p = os.path.dirname(p)
+    except OSError:
+        return None
+    return p
+
+
+def shared_causes(jobs: list[RunningJob]) -> str:
+    """What a storm's jobs have in common that could stall them all: the file system their outputs are on,
+    their partition, their user."""
+    said = []
+    mounts = {_mount_of(o) for j in jobs for o in j.outputs[:2]} - {None}
+    if len(mounts) == 1 and all(j.outputs for j in jobs):
+        said.append(f"the file system at {mounts.pop()} (their output files: a hung shared mount stalls every job "
+                    "writing to it)")  # fmt: skip
+    parts = {j.partition for j in jobs}
+    if len(parts) == 1 and "" not in parts:
+        said.append(f"partition {parts.pop()} (its nodes' fabric or storage)")
+    users = {j.user for j in jobs}
+    if len(users) == 1 and "" not in users:
+        said.append(f"user {users.pop()}")
+    return "; ".join(said)
+
+
 class WatchError(Exception):
     """The jobs cannot be listed (scontrol missing or failing, a bad inventory): one line."""
 
@@ -426,15 +460,35 @@ class Watcher:
         self.tracks: dict[str, _Track] = {}
 
     def check(self) -> list[Decision]:
-        """One pass: a decision per running job."""
+        """One pass: a decision per running job. Jobs that went quiet together (a shared file system hanging
+        stalls every job writing to it) become one incident, and a pass probes at most PROBES_PER_PASS jobs."""
         jobs = self.list_jobs()
         now = self.clock()
         seen = {j.job_id for j in jobs}
         for gone in set(self.tracks) - seen:  # ended, or no longer running
             del self.tracks[gone]
-        return [self._decide(job, now) for job in jobs]
+        decisions: list[Decision] = []
+        due: list[tuple[RunningJob, str]] = []
+        for job in jobs:
+            d = self._quiet(job, now)
+            if isinstance(d, Decision):
+                decisions.append(d)
+            else:
+                due.append((job, d))
+        storm = self._storm([j for j, _ in due])
+        if storm:
+            decisions += self._raise_storm(storm, {j.job_id: why for j, why in due}, now)
+            due = [(j, why) for j, why in due if j not in storm]
+        for n, (job, silent) in enumerate(due):
+            if n >= PROBES_PER_PASS:
+                decisions.append(Decision(job.job_id, "deferred", f"{silent}; probed in a later pass (at most "
+                                          f"{PROBES_PER_PASS} probes a pass)"))  # fmt: skip
+                continue
+            decisions.append(self._probe(job, silent))
+        return decisions
 
-    def _decide(self, job: RunningJob, now: float) -> Decision:
+    def _quiet(self, job: RunningJob, now: float) -> Decision | str:
+        """The decision when no probe is due, else how long the job has been silent (the probe's reason)."""
         why = watch_reason(job, self.settings)
         if why:
             self.tracks.pop(job.job_id, None)
@@ -466,13 +520,18 @@ class Watcher:
             return Decision(job.job_id, "quiet", silent)
         if track.raised:
             return Decision(job.job_id, "raised", f"{silent}; its incident is open")
+        return silent
+
+    def _probe(self, job: RunningJob, silent: str, summary: str | None = None) -> Decision:
+        """Confirm one quiet job by its stacks and, when stalled, open its incident."""
+        track = self.tracks[job.job_id]
         found = self.confirm(job.job_id)
         if not found.stalled:
             # Probed: the next probe is a stall window away, so a slow job costs one probe per window.
             track.quiet_since = self.clock()
             outcome = "moving" if found.stalled is False else "unconfirmed"
             return Decision(job.job_id, outcome, f"{silent}, but {found.reason}", found.seconds)
-        summary = f"hangdx watch: {silent}; {found.reason}"
+        summary = f"hangdx watch: {silent}; {found.reason}" + (f". {summary}" if summary else "")
         req = DiagnoseRequest(
             job_id=job.job_id,
             source="watch",
@@ -487,6 +546,56 @@ class Watcher:
             return Decision(job.job_id, "failed", why, found.seconds)
         track.raised = True
         return Decision(job.job_id, "stalled", summary, found.seconds)
+
+    def _storm(self, due: list[RunningJob]) -> list[RunningJob]:
+        """The largest set of due jobs that went quiet within STORM_WINDOW of each other, when it has at least
+        STORM_JOBS: one cause stalling many jobs at once is likelier than that many hangs."""
+        ordered = sorted(due, key=lambda j: self.tracks[j.job_id].quiet_since)
+        best: list[RunningJob] = []
+        lo = 0
+        for hi in range(len(ordered)):
+            while self.tracks[ordered[hi].job_id].quiet_since - self.tracks[
+                ordered[lo].job_id
+            ].quiet_since > (STORM_WINDOW):
+                lo += 1
+            if hi - lo + 1 > len(best):
+                best = ordered[lo : hi + 1]
+        return best if len(best) >= STORM_JOBS else []
+
+    def _raise_storm(
+        self, storm: list[RunningJob], silent: dict[RunningJob, str], now: float
+    ) -> list[Decision]:
+        """Probe a few jobs of the storm; the first stalled one opens the one incident, naming the others and
+        what they share; every job of the storm is then counted as raised."""
+        shared = shared_causes(storm)
+        names = ", ".join(j.job_id for j in storm[:20]) + (
+            f" and {len(storm) - 20} more" if len(storm) > 20 else ""
+        )
+        note = (
+            f"{len(storm)} jobs went quiet within {STORM_WINDOW:.0f}s of each other ({names}): one shared cause "
+            f"is likelier than {len(storm)} hangs" + (f"; they share {shared}" if shared else "")
+        )
+        out: list[Decision] = []
+        opened = None
+        for job in storm[:STORM_PROBES]:
+            d = self._probe(job, silent[job.job_id], note)
+            out.append(d)
+            if d.outcome == "stalled":
+                opened = job
+                break
+        probed = {d.job_id for d in out}
+        for job in storm:
+            if job.job_id in probed:
+                continue
+            if opened is None:
+                out.append(
+                    Decision(job.job_id, "deferred", f"{silent[job.job_id]}; in a storm whose probes found no hang")
+                )
+                continue
+            self.tracks[job.job_id].raised = True
+            out.append(Decision(job.job_id, "grouped", f"{silent[job.job_id]}; went quiet with job {opened.job_id}'s "
+                                f"storm: in its incident"))  # fmt: skip
+        return out
 
     def run(self, stop: threading.Event, report: Callable[[Decision], None] | None = None) -> None:
         """check() every interval until `stop` is set; `report` hears every decision."""
