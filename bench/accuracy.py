@@ -59,6 +59,7 @@ def sealed(folder: str = SEALED) -> int:
     import yaml
 
     tally: dict[str, list[int]] = {}  # category -> [category right, total, culprit right, culprit named]
+    refused = 0  # exit 2: "nothing hangdx can read"
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".yaml"):
             continue
@@ -74,6 +75,7 @@ def sealed(folder: str = SEALED) -> int:
             capture_output=True,
             timeout=300,
         )
+        refused += proc.returncode == 2
         try:
             rc = json.loads(proc.stdout).get("root_cause") or {}
         except ValueError:
@@ -101,6 +103,7 @@ def sealed(folder: str = SEALED) -> int:
     print(
         f"{'total':24} {f'{right}/{total}':>15} {f'{cright}/{named}':>14}   ({pct:.0f}% of categories right)"
     )
+    print(f"refused as unreadable (exit 2): {refused}/{total}")
     return 0
 
 
