@@ -314,17 +314,18 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     if wait is not None and wait.decisive and kind == "child":
         # Waiting for a thread of its own (Future.result, Thread.join, a queue it fills): the wait is where that
         # thread is. An engineer follows the chain: a writer thread blocked in open() makes this an I/O stall.
-        chained = _awaited_thread(dump, thread)
+        chained = _awaited_thread(dump, thread, state)
         if chained is not None:
             other, owait, okind = chained
-            what = f"{wait.frame.function} waits for thread {other.name or other.tid}, blocked in " + (
-                f"{_norm(owait.frame.file)} {owait.frame.function}"
-            )
+            where = getattr(owait, "call", None) or f"{_norm(owait.frame.file)} {owait.frame.function}"
+            what = f"{wait.frame.function} waits for thread {other.name or other.tid}, blocked in {where}"
             return loc(okind, op=owait.op, detail=what, frame=owait.frame)
     if wait is not None and wait.decisive and not native_only and kind in ("lock", "child", "network"):
         what = f"{_norm(wait.frame.file)} {wait.frame.function}"
-        if kind == "lock" and user is not None and (
-            DATA_CODE.search(_norm(user.file)) or user.function.rsplit(".", 1)[-1] == "__next__"
+        if (
+            kind == "lock"
+            and user is not None
+            and (DATA_CODE.search(_norm(user.file)) or user.function.rsplit(".", 1)[-1] == "__next__")
         ):
             # Blocked on a queue or condition inside the code that iterates the data (a framework's own loader:
             # fairseq/data/iterators.py, a project's datasets/loader.py, an iterator's __next__ taking batches a
@@ -344,9 +345,13 @@ def classify(dump: StackDump, state: ProcessState | None) -> Location:
     return loc("idle", detail=syscall or "")
 
 
-def _awaited_thread(dump: StackDump, main) -> tuple[object, object, str] | None:
+def _awaited_thread(
+    dump: StackDump, main, state: ProcessState | None = None
+) -> tuple[object, object, str] | None:
     """Another thread of the process blocked on storage, data or the network: (thread, its wait, location kind),
-    the first such; None when every other thread is idle elsewhere or computing."""
+    the first such; None when every other thread is idle elsewhere or computing. A thread whose frames say
+    nothing (blocked inside a builtin such as open()) is read by its syscall, when the probe sampled it."""
+    blocked = (state.thread_syscalls if state is not None else None) or {}
     for t in dump.threads:
         if t is main or not t.frames:
             continue
@@ -354,7 +359,23 @@ def _awaited_thread(dump: StackDump, main) -> tuple[object, object, str] | None:
         k = LOCATION_KIND.get(w.kind, w.kind) if w is not None else None
         if w is not None and w.decisive and w.frame is not None and k in ("io", "dataloader", "network"):
             return t, w, k
+        call = blocked.get(str(t.tid)) if t.tid is not None else None
+        if call and t.state not in ("active", "gil"):
+            frame = user_frame([f for f in t.frames if not f.native]) or t.frames[0]
+            return t, _SyscallWait(frame, call), "io"
     return None
+
+
+@dataclass
+class _SyscallWait:
+    """A thread's wait read from its blocking syscall, shaped as a taxonomy wait for the caller."""
+
+    frame: Frame
+    call: str
+    op: str | None = None
+
+    def __post_init__(self) -> None:
+        self.op = self.call
 
 
 def _states_by_pid(ev: Evidence) -> dict[tuple[str | None, int], list[ProcessState]]:

@@ -573,8 +573,8 @@ def _read_string(pid: int, address: int) -> str | None:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
 
 
-def _syscall(pid: int) -> tuple[str | None, str | None]:
-    raw = _read_text("/proc/%d/syscall" % pid)
+def _syscall(pid: int, tid: int | None = None) -> tuple[str | None, str | None]:
+    raw = _read_text("/proc/%d/syscall" % pid if tid is None else "/proc/%d/task/%d/syscall" % (pid, tid))
     if not raw:
         return None, None
     parts = raw.split()
@@ -600,6 +600,34 @@ def _syscall(pid: int) -> tuple[str | None, str | None]:
             except OSError:
                 pass
     return name, target
+
+
+_FILE_SYSCALLS = (
+    "open",
+    "openat",
+    "read",
+    "write",
+    "pread64",
+    "pwrite64",
+    "fsync",
+    "fdatasync",
+    "flock",
+    "statx",
+)
+
+
+def _thread_syscalls(pid: int, limit: int = 64) -> dict:
+    """The threads other than the main one that are blocked in a file syscall: tid -> "syscall(target)"."""
+    try:
+        tids = sorted(int(t) for t in os.listdir("/proc/%d/task" % pid) if t.isdigit() and int(t) != pid)
+    except OSError:
+        return {}
+    out = {}
+    for tid in tids[:limit]:
+        name, target = _syscall(pid, tid)
+        if name in _FILE_SYSCALLS and target and not target.startswith(("socket:", "pipe:", "anon_inode:")):
+            out[str(tid)] = "%s(%s)" % (name, redact(target)[:300])
+    return out
 
 
 def _io_bytes(pid: int) -> int | None:
@@ -645,6 +673,7 @@ def sample_process(proc: dict, host: str) -> dict:
         }
     syscall, target = _syscall(pid)
     wchan = (_read_text("/proc/%d/wchan" % pid) or "").strip() or None
+    others = _thread_syscalls(pid)
     return {
         "host": host,
         "pid": pid,
@@ -659,6 +688,7 @@ def sample_process(proc: dict, host: str) -> dict:
         "io_bytes": _io_bytes(pid),
         "voluntary_switches": _switches(pid),
         "threads": st["threads"],
+        "thread_syscalls": others or None,
         "sampled_at": now,
         "command": proc["command"],
         "role": proc["role"],

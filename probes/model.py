@@ -100,6 +100,9 @@ class ProcessState:
     role: str = "rank"  # rank | worker
     parent_pid: int | None = None
     threads: int | None = None
+    # Other threads blocked in a file syscall: OS thread id (as text) -> "syscall(target)". A thread blocked in the
+    # builtin open() leaves no library frame in its stack; its syscall says where it is.
+    thread_syscalls: dict[str, str] | None = None
     quote: Quote | None = None  # the line it was read from, when read from a pasted table
 
 

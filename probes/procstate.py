@@ -24,6 +24,12 @@ def _fits(value: object, typ: str) -> bool:
         return isinstance(value, int)
     if typ.startswith("float"):
         return isinstance(value, (int, float)) and math.isfinite(value)
+    if typ.startswith("dict"):
+        return (
+            isinstance(value, dict)
+            and len(value) <= 256
+            and all(isinstance(k, str) and isinstance(v, str) and len(v) <= 4096 for k, v in value.items())
+        )
     return typ.startswith("str") and isinstance(value, str)
 
 

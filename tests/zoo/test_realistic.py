@@ -40,20 +40,8 @@ def test_realistic_table_is_well_formed() -> None:
         assert importlib.util.find_spec(f"hangdx.zoo.realistic.{spec.program}") is not None, spec.program
 
 
-# Known misses, said here rather than hidden: each names what hangdx lacks to get it right.
-KNOWN_MISSES = {
-    "real_async_checkpoint": "the writer thread is blocked inside the builtin open(), which leaves no library "
-    "frame in its py-spy stack; telling that needs each thread's syscall (/proc/PID/task/TID/syscall), which "
-    "the collector reads for the main thread only",
-}
-
-
 @pytest.mark.zoo
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_MISSES[n], strict=False)) if n in KNOWN_MISSES else n
-     for n in REALISTIC],
-)  # fmt: skip
+@pytest.mark.parametrize("name", list(REALISTIC))
 def test_realistic_program_is_diagnosed_with_the_right_category_and_culprit(name):
     spec = REALISTIC[name]
     with ZooJob(name) as job:
