@@ -362,6 +362,7 @@ def test_a_thread_says_joined_once_per_person_however_often_they_ask(service, sl
         service.submit(req("job-ask"))
     service.submit(DiagnoseRequest("job-ask", "mention", "U0ONCALL02", channel=CHANNEL))
     service.submit(DiagnoseRequest("job-ask", "button", "U0ONCALL02", channel=CHANNEL))
+    service.settle()  # said in the thread after the requests were taken
     joins = [
         c.body["text"]
         for c in slack.calls_to("chat.postMessage")

@@ -120,7 +120,9 @@ def bot() -> Iterator[Bot]:
 
 
 def test_app_checks_its_token_against_slack_api_url(bot: Bot) -> None:
-    assert bot.wait(lambda: bot.slack.calls_to("auth.test"))  # asked in the background, never holding start-up
+    assert bot.wait(
+        lambda: bot.slack.calls_to("auth.test")
+    )  # asked in the background, never holding start-up
     calls = bot.slack.calls_to("auth.test")
     assert calls and calls[0].headers["authorization"] == "Bearer xoxb-1111-2222-hangdxtest"
 

@@ -630,7 +630,7 @@ def test_compose_commands_and_the_image_healthcheck_run_a_real_bot_and_worker(tm
             workers = wait_for(
                 "the worker in Redis", lambda: Worker.all(connection=redis.Redis.from_url(url))
             )
-            assert [w.queue_names() for w in workers] == [["hangdx"]]
+            assert [w.queue_names() for w in workers] == [["hangdx", "hangdx-analyze"]]  # diagnoses first
             assert stop(bot) == 0, "serve stops cleanly on SIGTERM, even as PID 1 in a pod"
             assert subprocess.run(probe, capture_output=True, timeout=15).returncode != 0, (
                 "a dead bot is unhealthy"

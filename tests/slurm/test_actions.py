@@ -59,7 +59,9 @@ def _confirmed(bot: Bot, slack, action: str, value: str, user: str) -> str:
     """Press a Slurm button, then the Confirm that hangdx shows the presser alone; the nonce pressed."""
     seen = len(slack.calls_to("chat.postEphemeral"))
     assert _press(bot, action, value, user).status_code == 200
-    assert bot.wait(lambda: _nonce(slack, user, seen), timeout=20), slack.calls_to("chat.postEphemeral")[seen:]
+    assert bot.wait(lambda: _nonce(slack, user, seen), timeout=20), slack.calls_to("chat.postEphemeral")[
+        seen:
+    ]
     nonce = _nonce(slack, user, seen)
     assert _press(bot, "confirm", nonce, user).status_code == 200
     return nonce
