@@ -8,6 +8,8 @@ and the RQ queue) behind werkzeug's threaded server, in front of the Slack Web A
 of each message. `/diagnose` requests for 50 jobs from 3 people (so most of them join an incident, and a person's join is
 said once) arrive evenly over
 `--seconds`. Slack gives up on an answer after 3 s and shows the user an error: every one must be acked before.
+Two more rows (issue 21.6): `/diagnose status` whose answer goes to a response_url taking 5 s, and 10 slash commands
+while 40 alerts arrive with chat.postMessage answering 429.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 SLACK_LIMIT = 3.0
 
 
-def _slash(url: str, job: str, user: str) -> float:
+def _slash(url: str, job: str, user: str, respond: str = "http://127.0.0.1:9/respond") -> float:
     body = urlencode(
         {"command": "/diagnose", "text": job, "user_id": user, "channel_id": "C0ONCALL01", "team_id": "T0HANGDX1",
-         "response_url": "http://127.0.0.1:9/respond", "trigger_id": f"{time.time_ns()}.1.2"}
+         "response_url": respond, "trigger_id": f"{time.time_ns()}.1.2"}
     )  # fmt: skip
     stamp = str(int(time.time()))
     sig = SignatureVerifier(SECRET).generate_signature(timestamp=stamp, body=body)
@@ -60,23 +62,41 @@ def _slash(url: str, job: str, user: str) -> float:
     return took if ok else float("inf")
 
 
-def scenario(name: str, redis_url: str, n: int, seconds: float, setup) -> dict:
+ALERT_TOKEN = "alert-token-0123456789abcdef"
+
+
+def _alerts(url: str, n: int) -> None:
+    """n alerts for n jobs, one after another, as Alertmanager sends them."""
+    for i in range(n):
+        requests.post(url + "/alerts", json={"job_id": f"storm-{i}", "summary": "stalled"}, timeout=60,
+                      headers={"Authorization": f"Bearer {ALERT_TOKEN}"})  # fmt: skip
+
+
+def scenario(
+    name: str, redis_url: str, n: int, seconds: float, setup, text=None, respond=None, alerts: int = 0
+) -> dict:
     connect(redis_url).flushdb()
     with SlackStandin() as slack:
         setup(slack)
         cfg = BotConfig(bot_token="xoxb-1111-2222-hangdxtest", signing_secret=SECRET, api_url=slack.url,
-                        redis_url=redis_url, alert_channel="C0ONCALL01")  # fmt: skip
+                        redis_url=redis_url, alert_channel="C0ONCALL01", alert_token=ALERT_TOKEN)  # fmt: skip
         service = Service(cfg, client=slack_client(cfg))
         _, flask_app = build_app(cfg, service.submit, service.on_action, service.report, store=service.store)
         server = make_server("127.0.0.1", 0, flask_app, threaded=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_port}"
         times: list[float] = []
+        storm = threading.Thread(target=_alerts, args=(url, alerts), daemon=True)
         try:
+            if alerts:
+                storm.start()
+                time.sleep(0.5)
             with ThreadPoolExecutor(max_workers=64) as pool:
                 futures = []
                 for i in range(n):
-                    futures.append(pool.submit(_slash, url, f"bench-{i % 50}", f"U0USER{i % 3:04d}"))
+                    what = text or f"bench-{i % 50}"
+                    where = respond(slack) if respond else "http://127.0.0.1:9/respond"
+                    futures.append(pool.submit(_slash, url, what, f"U0USER{i % 3:04d}", where))
                     time.sleep(seconds / n)
                 times = [f.result() for f in futures]
         finally:
@@ -110,6 +130,12 @@ def main() -> int:
     def slow(slack: SlackStandin) -> None:
         slack.delay = 1.0
 
+    def slow5(slack: SlackStandin) -> None:
+        slack.respond_delay = 5.0
+
+    def limited_2(slack: SlackStandin) -> None:
+        slack.fail("chat.postMessage", status=429, retry_after=2, times=1000)
+
     def limited(slack: SlackStandin) -> None:
         for method in ("chat.postMessage", "chat.postEphemeral", "chat.update"):
             slack.fail(method, status=429, retry_after=1, times=args.requests)
@@ -121,7 +147,12 @@ def main() -> int:
                 scenario("Slack answers at once", url, args.requests, args.seconds, lambda s: None),
                 scenario("Slack answers in 1 s", url, args.requests, args.seconds, slow),
                 scenario("Slack 429, Retry-After: 1", url, args.requests, args.seconds, limited),
-            ]
+                # Issue 21.6: `status` whose answer goes to a response_url that takes 5 s; slash commands while 40
+                # alerts arrive and chat.postMessage answers 429 (their threads' parents wait on Slack).
+                scenario("status, response_url 5 s", url, args.requests, args.seconds, slow5, text="status",
+                         respond=lambda s: s.root + "respond/T0HANGDX1/1/x"),
+                scenario("40 alerts, Slack 429", url, 10, 10.0, limited_2, alerts=40),
+            ]  # fmt: skip
         finally:
             stop_redis(proc)
     cols = list(rows[0])

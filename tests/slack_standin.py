@@ -61,6 +61,7 @@ class SlackStandin:
         self.messages: dict[str, list[dict[str, Any]]] = {}  # channel -> messages, in order
         self.uploads: dict[str, tuple[bytes, str]] = {}  # file id -> (content, mimetype)
         self.delay = 0.0  # seconds every Web API answer takes (a slow Slack)
+        self.respond_delay = 0.0  # seconds every response_url answer takes
 
     # -- lifecycle
     def start(self) -> SlackStandin:
@@ -186,6 +187,8 @@ class SlackStandin:
             body = {**dict(parse_qsl(h.path.split("?", 1)[1])), **body}
         if self.delay and path.startswith("api/"):
             time.sleep(self.delay)
+        if self.respond_delay and path.startswith("respond/"):
+            time.sleep(self.respond_delay)
         with self._lock:
             self.calls.append(Call(method, body, {k.lower(): v for k, v in h.headers.items()}, raw))
             failure = self._take_failure(method)
