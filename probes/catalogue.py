@@ -25,22 +25,10 @@ from typing import Any
 
 import yaml
 
-CATEGORIES = frozenset(
-    {
-        "conditional_collective",
-        "collective_mismatch",
-        "rank_crashed",
-        "dataloader_stall",
-        "io_stall",
-        "user_deadlock",
-        "p2p_deadlock",
-        "ddp_unused_parameters",
-        "gpu_fault",
-        "network_fault",
-        "comm_init_failure",
-        "straggler",
-    }
-)
+from hangdx.playbooks.verdict import CATEGORIES as verdict_categories
+
+# A row points at one of the verdict's categories, never "unknown" (a row with no cause has category null).
+CATEGORIES = frozenset(verdict_categories) - {"unknown"}
 STRENGTHS = ("decisive", "suggestive", "context")
 KEYS = frozenset(
     {"id", "emitter", "source", "pattern", "fields", "event", "category", "strength", "meaning", "examples"}
