@@ -589,7 +589,9 @@ class Watcher:
                 continue
             if opened is None:
                 out.append(
-                    Decision(job.job_id, "deferred", f"{silent[job.job_id]}; in a storm whose probes found no hang")
+                    Decision(
+                        job.job_id, "deferred", f"{silent[job.job_id]}; in a storm whose probes found no hang"
+                    )
                 )
                 continue
             self.tracks[job.job_id].raised = True
