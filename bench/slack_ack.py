@@ -100,6 +100,7 @@ def scenario(
                     time.sleep(seconds / n)
                 times = [f.result() for f in futures]
         finally:
+            service.settle()  # the "joined" lines are said after the requests were taken
             server.shutdown()
             server.server_close()
         joins = sum(

@@ -72,9 +72,18 @@ def build_app(
     )
     for surface in (commands, mentions, actions, shortcuts, views):
         surface.register(app, surfaces)
-    link = SlackLink(client).start()
+    link = SlackLink(client, on_ok=lambda answer: _seed_authorization(app, answer)).start()
     app.hangdx_link = link  # type: ignore[attr-defined]  (serve stops it)
     return app, _flask_app(app, config, submit, store, health, socket_mode, link)
+
+
+def _seed_authorization(app: App, answer) -> None:
+    """Give Bolt the auth.test answer SlackLink got, so that no request asks Slack for it on its own path."""
+    from slack_bolt.middleware.authorization.single_team_authorization import SingleTeamAuthorization
+
+    for m in getattr(app, "_middleware_list", []):
+        if isinstance(m, SingleTeamAuthorization) and not m.auth_test_result:
+            m.auth_test_result = answer
 
 
 def _on_error(error, request, response):

@@ -22,8 +22,9 @@ _REFUSED = ("invalid_auth", "not_authed", "account_inactive", "token_revoked", "
 class SlackLink:
     """The state of the bot's Slack credentials, for `/healthz`: checking, ok, or what is wrong."""
 
-    def __init__(self, client: WebClient) -> None:
+    def __init__(self, client: WebClient, on_ok=None) -> None:
         self.client = client
+        self.on_ok = on_ok  # called with auth.test's answer once Slack takes the token
         self.state = "checking"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hangdx-slack-link", daemon=True)
@@ -52,7 +53,7 @@ class SlackLink:
     def check(self) -> str:
         """Ask auth.test once; the state it leaves, in one line."""
         try:
-            self.client.auth_test()
+            answer = self.client.auth_test()
         except SlackApiError as e:
             error = (
                 str((e.response.data or {}).get("error") or "") if isinstance(e.response.data, dict) else ""
@@ -67,5 +68,7 @@ class SlackLink:
         else:
             if self.state != "ok":
                 log.info("Slack: the bot token is accepted")
+                if self.on_ok is not None:
+                    self.on_ok(answer)
             self.state = "ok"
         return self.state
