@@ -92,10 +92,11 @@ def job_hosts(docs: list[dict], vouched: set[str]) -> set[str]:
     """The hosts a verdict may name as culprits: those the resolver vouched for and those whose probe found the
     job's processes, never one whose name does not resolve."""
     probed = {
-        d.get("host")
+        name
         for d in docs
         if not d.get("problem")
         and any(a.get("kind") in ("procstate", "pyspy") for a in d.get("artifacts") or [])
+        for name in (d.get("host"), d.get("node_hostname"))  # as hangdx reached it, and as it names itself
     }
     unresolved = {d.get("host") for d in docs if (d.get("problem") or {}).get("kind") == "dns"}
     return {h for h in (vouched | probed) - unresolved if isinstance(h, str) and h}

@@ -86,3 +86,13 @@ def test_no_drain_button_for_a_slurm_keyword_whatever_the_verdict_says():
         "findings": [],
     }  # fmt: skip
     assert _drain_buttons(verdict, "4242") == ["Drain gpu-node-03"]
+
+
+def test_a_node_reached_by_address_is_still_named_by_the_name_it_gives_itself():
+    # `--hosts 10.0.0.7`: the node calls itself node-a (its collector says so), and its logs print node-a.
+    doc = _node_doc("10.0.0.7", PROMPT_LOG.format(host="node-a"))
+    doc["node_hostname"] = "node-a"
+    notes: list[str] = []
+    v = judge([doc], "4242", {"10.0.0.7"}, notes).to_dict()
+    assert v["root_cause"]["category"] == "gpu_fault" and v["root_cause"]["culprit"]["hosts"] == ["node-a"]
+    assert notes == []
