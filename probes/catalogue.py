@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -75,7 +77,15 @@ class Row:
     examples: tuple[str, ...]
     flags: str | None = None
     file: str = ""
-    rx: re.Pattern[str] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    _rx: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def rx(self) -> re.Pattern[str]:
+        """The row's compiled pattern, compiled the first time a line is confirmed against it: most rows of a
+        catalogue of hundreds never meet a candidate line in one text."""
+        if self._rx is None:
+            object.__setattr__(self, "_rx", re.compile(self.pattern, re.I if self.flags == "i" else 0))
+        return self._rx  # type: ignore[return-value]
 
     def extract(self, line: str) -> dict[str, Any] | None:
         """The row's fields from one line (ints parsed), or None when the row does not match it."""
@@ -135,33 +145,109 @@ def literal_run(p: str) -> int:
 
 
 def needle(pattern: str) -> str:
-    """The longest run of characters on every line the pattern matches (read from Python's own parse of it, so
-    groups, alternatives and repeats are what they are): the prefilter's needle for the row."""
+    """The longest single string every line the pattern matches holds (the first of `needles` when it has one)."""
+    found = needles(pattern)
+    return found[0] if len(found) == 1 else ""
+
+
+_NEEDLES: dict[str, tuple[str, ...]] = {}  # pattern -> its needles (also filled from the rows' cache)
+
+
+def _needles(pattern: str) -> tuple[str, ...]:
+    found = _NEEDLES.get(pattern)
+    if found is None:
+        found = _NEEDLES[pattern] = tuple(needles(pattern))
+    return found
+
+
+_PRODUCT_MAX = 64  # strings a needle set may hold: alternatives multiplied out, no more
+
+
+def needles(pattern: str) -> list[str]:
+    """Strings of which every line the pattern matches holds at least one: the prefilter's needles for a row.
+
+    Read from Python's own parse of the pattern, so that groups, alternatives and repeats are what they are. A run
+    of fixed parts is multiplied out (`State: (Down|Armed)` gives `State: Down`, `State: Armed`), an alternative
+    gives the needles of each of its branches, and of all the sets found the one whose shortest string is the
+    longest wins. Empty when no set has every string at least MIN_LITERAL long: the row is then tried on every
+    kept line."""
     try:
         import re._parser as sre_parse  # Python 3.11+
     except ImportError:  # pragma: no cover - Python 3.10
         import sre_parse  # type: ignore[no-redef]
     from re import _constants as c  # type: ignore[attr-defined]
 
-    best: list[str] = [""]
+    def exact(op, av) -> list[str] | None:
+        """The finite set of strings this node matches, or None."""
+        if op is c.LITERAL:
+            return [chr(av)]
+        if op is c.AT:
+            return [""]  # \b, ^, $: zero width
+        if op is c.IN:
+            chars = [chr(a) for o, a in av if o is c.LITERAL]
+            return chars if len(chars) == len(av) and len(chars) <= 4 else None
+        if op is c.SUBPATTERN:
+            return seq_exact(av[-1])
+        if op is c.BRANCH:
+            out: list[str] = []
+            for branch in av[1]:
+                e = seq_exact(branch)
+                if e is None:
+                    return None
+                out += e
+            return out if len(out) <= _PRODUCT_MAX else None
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[0] == av[1] == 1:
+            return seq_exact(av[2])
+        return None
 
-    def walk(seq) -> None:
-        cur = ""
+    def seq_exact(seq) -> list[str] | None:
+        acc = [""]
         for op, av in seq:
-            if op is c.LITERAL:
-                cur += chr(av)
-                if len(cur) > len(best[0]):
-                    best[0] = cur
-                continue
-            cur = ""
-            if op is c.SUBPATTERN:
-                walk(av[-1])  # a group is on the line whenever the pattern is
-            elif op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[0] >= 1:
-                walk(av[2])  # at least once
-            # a branch, a class, an optional part: nothing certain
+            e = exact(op, av)
+            if e is None:
+                return None
+            acc = [a + b for a in acc for b in e]
+            if len(acc) > _PRODUCT_MAX:
+                return None
+        return acc
 
-    walk(sre_parse.parse(pattern))
-    return best[0]
+    def score(s: list[str] | None) -> tuple[int, int]:
+        return (min(len(x) for x in s), -len(s)) if s else (0, 0)
+
+    def required(seq) -> list[str] | None:
+        """The best set such that every match of seq holds one of its strings."""
+        best: list[list[str] | None] = [None]
+
+        def consider(s: list[str] | None) -> None:
+            if s and all(s) and score(s) > score(best[0]):
+                best[0] = sorted(set(s))
+
+        acc = [""]
+        for op, av in seq:
+            e = exact(op, av)
+            if e is not None:
+                grown = [a + b for a in acc for b in e]
+                if len(grown) > _PRODUCT_MAX:
+                    consider(acc)
+                    grown = e
+                acc = grown
+                continue
+            consider(acc)
+            acc = [""]
+            if op is c.SUBPATTERN:
+                consider(required(av[-1]))  # a group is on the line whenever the pattern is
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[0] >= 1:
+                consider(required(av[2]))  # at least once
+            elif op is c.BRANCH:
+                sets = [required(branch) for branch in av[1]]
+                if all(sets):
+                    consider([x for s in sets for x in s])  # type: ignore[union-attr]
+            # a class, an optional part: nothing certain
+        consider(acc)
+        return best[0]
+
+    found = required(sre_parse.parse(pattern)) or []
+    return found if found and min(len(x) for x in found) >= MIN_LITERAL else []
 
 
 def check_row(raw: Any, where: str) -> list[str]:
@@ -237,7 +323,6 @@ def _row(raw: dict, file: str) -> Row:
         examples=tuple(str(x) for x in raw["examples"]),
         flags=flags,
         file=file,
-        rx=re.compile(raw["pattern"], re.I if flags == "i" else 0),
     )
 
 
@@ -299,8 +384,9 @@ class Catalogue:
                 self.engine = "hyperscan"
             elif engine == "hyperscan":
                 raise CatalogueError("hyperscan is not importable")
-        self._pre = _prefilter(rows)
-        self._always = set(self._pre.always)  # rows without a needle: tried by `re` on every line
+        self._prefilter: _Prefilter | None = None  # the pure-Python matcher, made when first needed
+        # Rows without needles: tried by `re` on every line.
+        self._always = {i for i, r in enumerate(rows) if not _needles(r.pattern)}
         self._raw: dict[tuple[bytes, ...], Any] = {}
 
     # -- lines of text ---------------------------------------------------------------------------------------
@@ -358,6 +444,12 @@ class Catalogue:
                           match_event_handler=lambda pid, *_: found.add(pid))  # fmt: skip
             return found | self._always
         return self._pre.candidates(text[:MAX_LINE])
+
+    @property
+    def _pre(self) -> _Prefilter:
+        if self._prefilter is None:
+            self._prefilter = _prefilter(self.rows)
+        return self._prefilter
 
     def _confirm(self, text: str, ids: set[int] | range) -> list[tuple[int, dict[str, Any]]]:
         out = []
@@ -424,11 +516,12 @@ def _prefilter(rows: list[Row]) -> _Prefilter:
     owners: dict[str, list[int]] = {}
     always: list[int] = []
     for i, r in enumerate(rows):
-        lit = needle(r.pattern)
-        if len(lit) < MIN_LITERAL:
-            always.append(i)  # a top-level alternative may match without this fragment
+        found = _needles(r.pattern)
+        if not found:
+            always.append(i)  # no string is on every line it matches
             continue
-        owners.setdefault(lit.lower(), []).append(i)
+        for lit in found:
+            owners.setdefault(lit.lower(), []).append(i)
     needles = sorted(owners, key=len, reverse=True)
     # A needle that holds a shorter one (`CUDA error: unc...` holds `CUDA error: `) stands for both rows.
     for long in needles:
@@ -459,25 +552,28 @@ def _hyperscan_db(rows: list[Row], extra: tuple[bytes, ...] = ()) -> Any:
         return None
     if not rows and not extra:
         return None
-    exprs, flags = [], []
-    for r in rows:
+    exprs, flags, ids = [], [], []
+    for i, r in enumerate(rows):
         # A row is looked for by its needle, a plain string Hyperscan's literal matchers find (every hit is then
         # confirmed by the row's own `re`): a database of the full patterns was seen to miss lines it should
         # match (two rows sharing `\[(\d+)\] ` missed `[PG 0 Rank 0] - [0] Timeout at collective`). A row without
         # a needle keeps its pattern here and is also tried by `re` on every kept line (Catalogue._always).
-        lit = needle(r.pattern)
-        if len(lit) >= MIN_LITERAL:
+        found = _needles(r.pattern)
+        for lit in found:  # a row with several needles (alternatives) reports its own id for each
             exprs.append("".join(f"\\x{b:02x}" for b in lit.encode("utf-8")).encode())
             flags.append(hyperscan.HS_FLAG_CASELESS)
-        else:
+            ids.append(i)
+        if not found:
             exprs.append(_short_tail(_GROUP_NAME.sub("(", r.pattern)).encode("utf-8"))
             # No SINGLEMATCH: one scan covers many lines, and each line must report its own match.
             flags.append(hyperscan.HS_FLAG_CASELESS if r.flags == "i" else 0)
-    for x in extra:
+            ids.append(i)
+    for j, x in enumerate(extra):
         exprs.append(x)
         flags.append(hyperscan.HS_FLAG_CASELESS)
+        ids.append(len(rows) + j)
     version = getattr(hyperscan, "__version__", "")
-    key = hashlib.sha256(repr((version, exprs, flags)).encode()).hexdigest()[:32]
+    key = hashlib.sha256(repr((version, exprs, flags, ids)).encode()).hexdigest()[:32]
     cached = _cache_read(key)
     if cached is not None:
         try:
@@ -489,10 +585,10 @@ def _hyperscan_db(rows: list[Row], extra: tuple[bytes, ...] = ()) -> Any:
             pass
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     try:
-        db.compile(expressions=exprs, ids=list(range(len(exprs))), flags=flags)
+        db.compile(expressions=exprs, ids=ids, flags=flags)
     except Exception as e:  # noqa: BLE001 - hyperscan.error names the expression; say which row
         at = re.search(r"(\d+)", str(e))
-        n = int(at.group(1)) if at else -1
+        n = ids[int(at.group(1))] if at and int(at.group(1)) < len(ids) else -1
         rid = rows[n].id if 0 <= n < len(rows) else "?"
         raise CatalogueError(f"hyperscan cannot compile the catalogue (row {rid}): {e}") from None
     try:
@@ -523,9 +619,10 @@ def _cache_dir() -> Path:
     return Path(base) / "hangdx"
 
 
-def _cache_read(key: str) -> bytes | None:
-    """The cached database, only from a file this user owns that nobody else may write."""
-    path = _cache_dir() / f"catalogue-{key}.hsdb"
+def _cache_read(key: str, suffix: str = ".hsdb") -> bytes | None:
+    """A cached file (the database, or the checked rows), only from a file this user owns that nobody else may
+    write."""
+    path = _cache_dir() / f"catalogue-{key}{suffix}"
     try:
         st = path.stat()
         if st.st_uid != os.getuid() or st.st_mode & 0o022:
@@ -535,14 +632,14 @@ def _cache_read(key: str) -> bytes | None:
         return None
 
 
-def _cache_write(key: str, data: bytes) -> None:
+def _cache_write(key: str, data: bytes, suffix: str = ".hsdb") -> None:
     d = _cache_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".catalogue-")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.replace(tmp, d / f"catalogue-{key}.hsdb")
+        os.replace(tmp, d / f"catalogue-{key}{suffix}")
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -567,7 +664,40 @@ def hyperscan_compiles(row: Row) -> str | None:
 @functools.cache
 def load(engine: str | None = None) -> Catalogue:
     """The shipped catalogue, loaded and compiled once per process (engine: None picks the fastest there is)."""
-    return Catalogue(load_rows(_files()), engine)
+    return Catalogue(_checked_rows(_files()), engine)
+
+
+_ROW_KEYS = [f.name for f in dataclasses.fields(Row) if not f.name.startswith("_")]
+
+
+def _checked_rows(files: list[tuple[str, str]]) -> list[Row]:
+    """`load_rows(files)`, or the rows it gave for exactly these files and this module before.
+
+    Checking hundreds of rows (YAML, schema, every example against its pattern) costs most of a second, which
+    every `hangdx analyze` would pay: the checked rows are kept as JSON in the user's cache, named by a hash of
+    the files' text and of this module's own source (a change to either checks them again)."""
+    try:
+        code = Path(__file__).read_bytes()
+    except OSError:
+        code = b""
+    key = hashlib.sha256(repr((code, files)).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    cached = _cache_read(key, ".rows.json")
+    if cached is not None:
+        try:
+            rows = []
+            for d in json.loads(cached):
+                _NEEDLES.setdefault(d["pattern"], tuple(d.pop("needles")))
+                rows.append(Row(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}))
+            return rows
+        except (ValueError, TypeError, KeyError, AttributeError):
+            pass  # a damaged cache: checked again below
+    rows = load_rows(files)
+    try:
+        data = [{**{k: getattr(r, k) for k in _ROW_KEYS}, "needles": _needles(r.pattern)} for r in rows]
+        _cache_write(key, json.dumps(data).encode(), ".rows.json")
+    except Exception:  # noqa: BLE001 - no cache (a read-only home): checked each time, still right
+        pass
+    return rows
 
 
 def load_paths(paths: list[str | Path], engine: str | None = None) -> Catalogue:

@@ -77,3 +77,32 @@ def test_raw_bytes_scan_finds_the_lines_to_keep():
         assert n in starts
     pstarts = {buf.count(b"\n", 0, s) for s in PY.line_starts(buf, 0, len(buf))}
     assert starts <= pstarts | starts and set(range(50, 50 + len(ROWS))) <= pstarts
+
+
+@pytest.mark.parametrize(
+    ("pattern", "want"),
+    [
+        (r"\bState: (?P<state>Down|Initializing|Armed)\b", ["State: Armed", "State: Down", "State: Initializing"]),
+        (r"(?P<error>No IB devices found|Failed to get IB devices list)", ["Failed to get IB devices list", "No IB devices found"]),
+        (r"(?:[:,] GPU is lost|GPU is lost\.\s{0,3}Reboot)", [", GPU is lost", ": GPU is lost", "GPU is lost."]),
+        (r"Watchdog caught collective operation timeout: (?P<work>\w+)", ["Watchdog caught collective operation timeout: "]),
+        (r"\[(?P<bit>[ \d]{2})\] (?P<error>RxErr|BadTLP|DLP)", []),  # `DLP` is too short to look for
+        (r"(?:abc|defghijkl) opCount (?P<n>\d+)", ["abc opCount ", "defghijkl opCount "]),
+    ],
+)  # fmt: skip
+def test_needles_are_strings_every_match_holds_one_of(pattern, want):
+    assert catalogue.needles(pattern) == want
+
+
+def test_every_row_but_a_few_has_needles_and_each_example_holds_one():
+    """Rows without needles are tried by `re` on every kept line: they must stay rare, and a needle set that
+    misses a row's own example would lose that row's lines on the Hyperscan path."""
+    always = []
+    for row in catalogue.load().rows:
+        found = catalogue.needles(row.pattern)
+        if not found:
+            always.append(row.id)
+            continue
+        for line in row.examples:
+            assert any(n.lower() in line.lower() for n in found), (row.id, found, line)
+    assert len(always) <= 5, always
