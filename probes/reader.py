@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import collections
 import io
+import queue
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -26,6 +28,7 @@ from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
 
 CHUNK_BYTES = 8 << 20
+READ_AHEAD = 2  # pieces read ahead of the one being scanned (chunks_of)
 HEAD_LINES = 4000  # the start of a log: versions, communicator set-up, the rank map
 TAIL_LINES = 20000  # its end: where the hang is
 CONTEXT_LINES = 40  # kept after a line that names a fault: a traceback's frames, a desync report
@@ -449,15 +452,47 @@ def _short(spans: list[str]) -> str:
 
 
 def chunks_of(stream: BinaryIO, limit: int | None = None) -> Iterator[bytes]:
-    """A binary stream in CHUNK_BYTES pieces, up to `limit` bytes when one is given."""
-    total = 0
-    while limit is None or total < limit:
-        want = CHUNK_BYTES if limit is None else min(CHUNK_BYTES, limit - total)
-        data = stream.read(want)
-        if not data:
+    """A binary stream in CHUNK_BYTES pieces, up to `limit` bytes when one is given.
+
+    The next piece is read by a thread while the caller works on this one (a read waits without the GIL), at most
+    READ_AHEAD pieces ahead: reading a big log then costs about what scanning it does, not the two added."""
+    q: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=READ_AHEAD)
+    stop = threading.Event()
+
+    def put(item: bytes | BaseException | None) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def reader() -> None:
+        total = 0
+        try:
+            while limit is None or total < limit:
+                want = CHUNK_BYTES if limit is None else min(CHUNK_BYTES, limit - total)
+                data = stream.read(want)
+                if not data:
+                    break
+                total += len(data)
+                if not put(data):
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, raised there
+            put(e)
             return
-        total += len(data)
-        yield data
+        put(None)
+
+    t = threading.Thread(target=reader, name="hangdx-read-ahead", daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # the caller stopped early (or is done): the reader ends after the read it is in
 
 
 # -- from kept lines to evidence ---------------------------------------------------------------------------
