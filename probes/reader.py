@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 import queue
 import re
 import threading
@@ -170,7 +171,8 @@ class Keeper:
     def _chunk(self, buf: bytes, lo: int, hi: int | None) -> None:
         """The whole lines of buf[lo:hi] (it ends with a newline); searched in place, never copied whole."""
         hi = len(buf) if hi is None else hi
-        n = _newlines(buf, lo, hi)
+        first = (lo, hi, *_counts(buf, lo, hi))  # newlines and markers, counted in one go
+        n = first[2]
         base = self.lineno
         if n < 256:
             self._signal_lines(buf, lo, hi, base)
@@ -188,7 +190,8 @@ class Keeper:
             if cut >= hi:
                 return
             lo, n, base = cut, n - (self.lineno - base), self.lineno
-        coll = n if _all_marked(buf, lo, hi, n) else buf.count(_COLL, lo, hi)
+            first = None  # the markers were counted from the piece's start: count again from here
+        coll = n if _all_marked(buf, lo, hi, n, first) else buf.count(_COLL, lo, hi)
         if coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0:
             # Nothing but collective lines: only each process's last ones can matter.
             self.collectives += coll
@@ -362,40 +365,84 @@ def _newlines(buf: bytes, lo: int, hi: int) -> int:
 
     numpy counts a byte about three times faster than bytes.count; it is optional (the demo and test extras bring
     it), and imported only when a text is big enough to pay for its import."""
-    global _numpy
     if hi - lo < 1 << 20:
         return buf.count(b"\n", lo, hi)
+    if not _load_numpy():
+        return buf.count(b"\n", lo, hi)
+    np = _numpy
+    return int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo) == 10))
+
+
+def _load_numpy() -> bool:
+    """Whether numpy is there (imported the first time a piece is big enough to pay for its import)."""
+    global _numpy
     if _numpy is None:
         try:
             import numpy as np
         except ImportError:  # pragma: no cover - numpy is there wherever torch is
             np = False
         _numpy = np
-    if _numpy is False:
-        return buf.count(b"\n", lo, hi)
-    np = _numpy
-    return int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo) == 10))
+    return _numpy is not False
 
 
 _OPC = int.from_bytes(_COLL[:4], "little")  # ` opC`, the marker's first four bytes, as a little-endian word
 
 
-def _all_marked(buf: bytes, lo: int, hi: int, n: int) -> bool:
+def _all_marked(
+    buf: bytes, lo: int, hi: int, n: int, counted: tuple[int, int, int, int] | None = None
+) -> bool:
     """Whether buf[lo:hi] holds as many markers as lines: the test for a piece of nothing but collective lines.
 
-    bytes.count's substring search was half of the time of reading a big NCCL log. numpy compares the marker's
-    first four bytes as 32-bit words, at each of the four alignments, about three times faster; when that count
-    is not the number of lines the caller counts exactly as before. (The test was, and stays, a count: a line
-    with two markers can hide one with none. Hyperscan was measured too: one scan of a piece costs what
-    bytes.count does before any match is reported.)"""
+    `counted` is what `_counts` gave for (lo, hi), when it was asked for this very range."""
     if hi - lo < 1 << 20 or not _numpy:
         return False
+    if counted is not None and counted[:2] == (lo, hi) and counted[3] >= 0:
+        return counted[3] == n
+    return _markers(buf, lo, hi) == n
+
+
+def _markers(buf: bytes, lo: int, hi: int) -> int:
+    """Markers (` opC`) in buf[lo:hi], counted by numpy as 32-bit words at each of the four alignments.
+
+    bytes.count's substring search was half of the time of reading a big NCCL log; this is about three times
+    faster. (The test is, and stays, a count: a line with two markers can hide one with none. Hyperscan was
+    measured too: one scan of a piece costs what bytes.count does before any match is reported.)"""
     np = _numpy
     total = 0
     for align in range(4):
-        words = np.frombuffer(buf, dtype="<u4", count=(hi - lo - align) // 4, offset=lo + align)
+        words = np.frombuffer(buf, dtype="<u4", count=max(0, (hi - lo - align) // 4), offset=lo + align)
         total += int(np.count_nonzero(words == _OPC))
-    return total == n
+    return total
+
+
+_pool: object = None  # two threads for the byte counts of big pieces (None: not made yet; False: one CPU)
+
+
+def _counts(buf: bytes, lo: int, hi: int) -> tuple[int, int]:
+    """(newlines, markers) of buf[lo:hi]; markers -1 when not counted (a small piece, or no numpy).
+
+    The two halves of a big piece (cut at a newline, so no marker is cut) are counted by two threads: numpy's
+    comparisons run without the GIL, so on two CPUs the byte scans every piece needs take half the time."""
+    if hi - lo < 1 << 20 or not _load_numpy():
+        return _newlines(buf, lo, hi), -1
+    global _pool
+    if _pool is None:
+        _pool = False
+        if (os.cpu_count() or 1) >= 2:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangdx-count")
+    mid = buf.find(b"\n", (lo + hi) // 2, hi) + 1 or hi
+    if _pool is False or mid >= hi:
+        return _newlines(buf, lo, hi), _markers(buf, lo, hi)
+
+    def both(a: int, b: int) -> tuple[int, int]:
+        return _newlines(buf, a, b), _markers(buf, a, b)
+
+    left = _pool.submit(both, lo, mid)  # type: ignore[attr-defined]
+    n2, m2 = both(mid, hi)
+    n1, m1 = left.result()
+    return n1 + n2, m1 + m2
 
 
 def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
