@@ -707,6 +707,9 @@ def incident_markdown(inc: Incident) -> str:
         f"- **Updated:** {_when(inc.updated)}",
         f"- **Owner:** {inc.owner or 'nobody yet'}",
     ]
+    if inc.diagnosis in ("failed", "interrupted"):
+        why = f": {inc.diagnosis_error}" if inc.diagnosis == "failed" and inc.diagnosis_error else ""
+        out.append(f"- **Latest diagnosis:** {inc.diagnosis}{why}")
     if inc.channel:
         out.append(f"- **Slack thread:** {inc.channel} / {inc.thread_ts or '?'}")
     out += ["", "## Timeline", "", "| time | who | event | detail |", "|---|---|---|---|"]

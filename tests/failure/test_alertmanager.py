@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import textwrap
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -222,3 +223,13 @@ def test_a_failed_diagnosis_shows_as_failed_in_diagnose_status(bot, start_alertm
     said = json.dumps(answer.get("blocks"))
     assert f"*Job {job}*: diagnosis failed (investigating)" in said, said
     assert f"Why: no process of job '{job}' found on" in said, said
+    # ... and the postmortem export says so too.
+    md = subprocess.run(
+        [sys.executable, "-m", "hangdx", "incident", job],
+        env=bot.procs.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert md.returncode == 0, md.stderr
+    assert f"- **Latest diagnosis:** failed: no process of job '{job}' found on" in md.stdout, md.stdout
