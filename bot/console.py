@@ -129,8 +129,9 @@ class ConsoleSlack:
     """The Web API methods hangdx calls, answered as Slack answers them, what is posted printed to `out`; the
     channel's messages kept (threads for `@hangdx analyze`, buttons to press), files pasted served to the bot."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, token: str) -> None:
         self.out = out
+        self.token = token
         self._lock = threading.Lock()
         self._ts = itertools.count(1)
         self.messages: list[dict[str, Any]] = []
@@ -244,8 +245,11 @@ class ConsoleSlack:
         path = h.path.split("?", 1)[0].lstrip("/")
         self.last_call = time.monotonic()
         if path.startswith("files-pri/"):
+            # Only the bot (with its token) downloads what was pasted, as from Slack.
             file_id = path.split("/")[1].rsplit("-", 1)[-1]
             name, data = self.files.get(file_id, ("", b""))
+            if h.headers.get("Authorization") != f"Bearer {self.token}":
+                name, data = "", b""
             _send(h, 200 if name else 404, data, "text/plain")
             return
         if path.startswith("upload/"):
@@ -355,10 +359,13 @@ class Console:
 
     def __init__(self, out: TextIO, log_dir: Path) -> None:
         self.out = out
-        self.slack = ConsoleSlack(out).start()
+        self.token = f"xoxb-0-0-{secrets.token_hex(12)}"
+        self.slack = ConsoleSlack(out, self.token).start()
         self.secret = secrets.token_hex(16)
         self._n = itertools.count(1)
         self.thread: str | None = None  # the thread the last `@hangdx` was said in
+        self._rq_lock = threading.Lock()
+        self._rq_ids: set[str] = set()  # RQ jobs asked for and not yet seen ended
         self.log_dir = log_dir
         self.worker: subprocess.Popen | None = None
         self.service: Any = None
@@ -373,7 +380,7 @@ class Console:
         # The settings the bot and its worker read, pointed at this console's Slack; Redis and the resolver are
         # the person's. Allowlists are for a workspace: here the only person is the one at the terminal.
         env = {
-            "SLACK_BOT_TOKEN": "xoxb-0-0-hangdxconsole",
+            "SLACK_BOT_TOKEN": self.token,
             "SLACK_SIGNING_SECRET": self.secret,
             "SLACK_API_URL": self.slack.url,
             "HANGDX_ALERT_CHANNEL": CHANNEL,
@@ -388,8 +395,8 @@ class Console:
         self.service.recover()
         s = self.service
         self.app, flask_app = build_app(
-            cfg, s.submit, s.on_action, s.report, store=s.store, health=s.health, analyze=s.analyze,
-            history=s.history, resolution=s.resolution, act=s.act,
+            cfg, self._tracked(s.submit), s.on_action, s.report, store=s.store, health=s.health,
+            analyze=self._tracked(s.analyze), history=s.history, resolution=s.resolution, act=s.act,
         )  # fmt: skip
         self.http = flask_app.test_client()
         log = open(self.log_dir / "worker.log", "ab")
@@ -421,6 +428,8 @@ class Console:
         sig = SignatureVerifier(self.secret).generate_signature(timestamp=stamp, body=body)
         headers = {"Content-Type": content_type, "X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": sig}
         r = self.http.post("/slack/events", data=body.encode(), headers=headers)
+        # The handlers go on after their ack (queueing among it): `wait` gives them a quiet moment from here too.
+        self.slack.last_call = time.monotonic()
         if r.status_code != 200:
             raise ConsoleError(f"the bot answered {r.status_code}: {r.get_data(as_text=True)[:200]}")
         return r
@@ -443,13 +452,21 @@ class Console:
         files: list[dict] = []
         if words and words[0].lower() == "analyze" and len(words) > 1:
             paths = [Path(w).expanduser() for w in words[1:]]
-            if all(p.is_file() for p in paths):
+            found = [p.is_file() for p in paths]
+            if any(found) and not all(found):
+                missing = ", ".join(
+                    printable(str(p), False)[:80] for p, ok in zip(paths, found, strict=True) if not ok
+                )
+                raise ConsoleError(f"no such file: {missing}")
+            if all(found):  # files to paste; anything else is text pasted with the mention
                 files = [self.slack.host_file(p) for p in paths]
                 rest = "analyze"
         thread = None
         if files:  # the paste opens a thread; the mention follows in it, as a person does it in Slack
             thread = self.slack.user_message("", files=files)
-            self.slack.say(f"you (thread {thread}): pasted {', '.join(f['name'] for f in files)}")
+            self.slack.say(
+                f"you (thread {thread}): pasted {printable(', '.join(f['name'] for f in files), False)}"
+            )
         text = f"<@{BOT_USER}> {rest}"
         ts = self.slack.user_message(text, thread_ts=thread)
         self.thread = thread or ts
@@ -494,24 +511,49 @@ class Console:
         self._post(urlencode({"payload": json.dumps(payload)}), "application/x-www-form-urlencoded")
         self.slack.say("you saved the note")
 
+    def _tracked(self, handler: Any) -> Any:
+        """The service's own handler, noting the RQ job that will answer (so that `wait` knows when it has)."""
+
+        def call(req: Any) -> str:
+            rq_id = handler(req)
+            with self._rq_lock:
+                self._rq_ids.add(rq_id)
+            return rq_id
+
+        return call
+
     def idle(self) -> bool:
-        from rq.registry import StartedJobRegistry
+        """Whether every diagnosis and analysis asked for has ended (answered, failed or given up)."""
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job, JobStatus
+        from rq.serializers import JSONSerializer
 
-        from hangdx.bot.queue import worker_queues
-
-        conn = self.service.conn
-        if self.service.store.runs():
-            return False
-        return all(q.count == 0 and StartedJobRegistry(queue=q).count == 0 for q in worker_queues(conn))
+        ended = {JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
+        with self._rq_lock:
+            waiting = list(self._rq_ids)
+        for rq_id in waiting:
+            try:
+                status = Job.fetch(
+                    rq_id, connection=self.service.conn, serializer=JSONSerializer
+                ).get_status()
+            except NoSuchJobError:
+                status = None
+            if status is None or status in ended:
+                with self._rq_lock:
+                    self._rq_ids.discard(rq_id)
+            else:
+                return False
+        return not self.service.store.runs()
 
     def wait(self, timeout: float) -> bool:
         """Until every queued diagnosis and analysis answered and the bot has said nothing for a moment."""
-        self.service.settle(timeout)
         end = time.monotonic() + timeout
+        self.service.settle(timeout)
         while time.monotonic() < end:
             if self.worker is not None and self.worker.poll() is not None:
+                tail = (self.log_dir / "worker.log").read_text(errors="replace")[-1500:]
                 raise ConsoleError(
-                    f"the worker stopped (status {self.worker.returncode}): see {self.log_dir / 'worker.log'}"
+                    f"the worker stopped (status {self.worker.returncode}):\n{printable(tail)}"
                 )
             if self.idle() and time.monotonic() - self.slack.last_call > 1.5:
                 return True

@@ -20,9 +20,6 @@ from hangdx.bot.incidents import IncidentStore, connect
 
 from .test_incidents import redis_url  # noqa: F401  (the session's redis-server)
 
-pytest.importorskip("torch")
-pytestmark = pytest.mark.zoo
-
 # gpu_fault on rank 12 (tests/fixtures/real/README.md: copied from pytorch/pytorch#113128).
 PASTE = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "gpu_fault__pytorch-pytorch-113128.log"
 
@@ -52,7 +49,9 @@ def _stop_kept(stop: str) -> None:
         shutil.rmtree(rm.strip(), ignore_errors=True)
 
 
+@pytest.mark.zoo
 def test_demo_keep_leaves_a_hung_job_that_the_console_diagnoses_through_the_slack_handlers(redis_url):  # noqa: F811
+    pytest.importorskip("torch")
     connect(redis_url).flushdb()
     demo = subprocess.run(
         [sys.executable, "-m", "hangdx", "demo", "--keep"], env=_env(redis_url), capture_output=True, text=True,
@@ -101,3 +100,41 @@ def test_demo_keep_leaves_a_hung_job_that_the_console_diagnoses_through_the_slac
     assert f"pasted {PASTE.name}" in paste
     assert "gpu_fault" in paste and "12" in paste, paste[:3000]
     assert "hangdx console: no-such-command: not a command (type help)" in out
+
+
+def test_a_pasted_file_is_read_by_the_worker_and_what_it_quotes_reaches_the_terminal_escaped(
+    redis_url,  # noqa: F811
+    tmp_path,
+):
+    connect(redis_url).flushdb()
+    hostile = tmp_path / "rank3.log"
+    # A real line (pytorch/pytorch#113128) behind a terminal escape that would clear the screen.
+    line = next(x for x in PASTE.read_text().splitlines() if "uncorrectable ECC error" in x)
+    hostile.write_text("\x1b[2J" + line + "\n")
+    typed = f"@hangdx analyze {hostile} {tmp_path / 'missing.log'}\n@hangdx analyze {hostile}\nhelp\n"
+    console = subprocess.run(
+        [sys.executable, "-m", "hangdx", "console", "--wait", "120"], input=typed, env=_env(redis_url),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = console.stdout
+    assert console.returncode == 0, out[-2000:] + console.stderr[-2000:]
+    assert f"hangdx console: no such file: {tmp_path / 'missing.log'}" in out
+    assert "== 🔴 Pasted evidence" in out and "`gpu_fault`" in out, out[-3000:]
+    assert "\x1b" not in out  # the reader drops the escape; the console never sends one raw
+    assert "press BUTTON [JOBID]" in out  # help
+
+
+def test_what_the_bot_says_is_shown_as_text_with_control_characters_escaped():
+    from hangdx.bot.console import USER, blocks_text, mrkdwn_text
+
+    said = mrkdwn_text(
+        f"<@{USER}>: job x\x1b[2J &lt;7&gt; <https://slack.com/app_redirect?channel=C1|thread>"
+    )
+    assert said == "@you: job x\\x1b[2J <7> thread <https://slack.com/app_redirect?channel=C1>"
+    blocks = [
+        {"type": "header", "text": {"type": "plain_text", "text": "🔴 Job 7: HUNG"}},
+        {"type": "section", "fields": [{"type": "mrkdwn", "text": "*Culprit*\nrank 1"}]},
+        {"type": "actions", "elements": [{"type": "button", "text": {"type": "plain_text", "text": "Re-run"}},
+                                         {"type": "button", "text": {"type": "plain_text", "text": "Resolve"}}]},
+    ]  # fmt: skip
+    assert blocks_text(blocks) == ["== 🔴 Job 7: HUNG ==", "  *Culprit*", "  rank 1", "  [Re-run] [Resolve]"]
