@@ -607,9 +607,12 @@ def _lines(stream: TextIO) -> Iterator[str]:
 
 def run_console(args: argparse.Namespace) -> int:
     """`hangdx console`: read lines from stdin until `quit` or its end; then wait for what is under way."""
+    from hangdx.bot.cli import UsageError
     from hangdx.bot.config import ConfigError
     from hangdx.bot.incidents import StoreUnavailable
 
+    if not 0 <= args.wait <= 3600:
+        raise UsageError("--wait takes 0 to 3600 seconds")
     interactive = sys.stdin.isatty()
     with tempfile.TemporaryDirectory(prefix="hangdx-console-") as tmp:
         console = Console(sys.stdout, Path(tmp))
@@ -617,8 +620,6 @@ def run_console(args: argparse.Namespace) -> int:
             console.start()
         except (ConfigError, StoreUnavailable) as e:
             console.stop()
-            from hangdx.bot.cli import UsageError
-
             raise UsageError(str(e)) from None
         try:
             console.slack.say(
