@@ -42,6 +42,7 @@ hangdx console: type what you would type in Slack.
   /diagnose JOBID | status | handoff | history HOST|JOB | help
   @hangdx diagnose JOBID | status | handoff | help
   @hangdx analyze PATH...      paste these files in a new thread and ask hangdx to read them
+  @hangdx analyze              ask again, in the thread of the last paste
   @hangdx analyze TEXT         paste TEXT with the mention
   press BUTTON [JOBID]         press a button under the latest verdict (of JOBID): re-run, full stacks,
                                acknowledge, resolve, hand off
@@ -363,7 +364,7 @@ class Console:
         self.slack = ConsoleSlack(out, self.token).start()
         self.secret = secrets.token_hex(16)
         self._n = itertools.count(1)
-        self.thread: str | None = None  # the thread the last `@hangdx` was said in
+        self.paste_thread: str | None = None  # the thread of the last files pasted
         self._rq_lock = threading.Lock()
         self._rq_ids: set[str] = set()  # RQ jobs asked for and not yet seen ended
         self.log_dir = log_dir
@@ -463,13 +464,14 @@ class Console:
                 rest = "analyze"
         thread = None
         if files:  # the paste opens a thread; the mention follows in it, as a person does it in Slack
-            thread = self.slack.user_message("", files=files)
+            thread = self.paste_thread = self.slack.user_message("", files=files)
             self.slack.say(
                 f"you (thread {thread}): pasted {printable(', '.join(f['name'] for f in files), False)}"
             )
+        elif [w.lower() for w in words] == ["analyze"] and self.paste_thread:
+            thread = self.paste_thread  # `@hangdx analyze` again: in the thread of the last paste
         text = f"<@{BOT_USER}> {rest}"
         ts = self.slack.user_message(text, thread_ts=thread)
-        self.thread = thread or ts
         n = next(self._n)
         event = {"type": "app_mention", "user": USER, "text": text, "ts": ts, "channel": CHANNEL,
                  "event_ts": ts, **({"thread_ts": thread} if thread else {})}  # fmt: skip

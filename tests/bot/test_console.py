@@ -111,7 +111,10 @@ def test_a_pasted_file_is_read_by_the_worker_and_what_it_quotes_reaches_the_term
     # A real line (pytorch/pytorch#113128) behind a terminal escape that would clear the screen.
     line = next(x for x in PASTE.read_text().splitlines() if "uncorrectable ECC error" in x)
     hostile.write_text("\x1b[2J" + line + "\n")
-    typed = f"@hangdx analyze {hostile} {tmp_path / 'missing.log'}\n@hangdx analyze {hostile}\nhelp\n"
+    typed = (
+        f"@hangdx analyze {hostile} {tmp_path / 'missing.log'}\n@hangdx analyze {hostile}\nwait\n"
+        "@hangdx analyze\nhelp\n"
+    )
     console = subprocess.run(
         [sys.executable, "-m", "hangdx", "console", "--wait", "120"], input=typed, env=_env(redis_url),
         capture_output=True, text=True, timeout=300,
@@ -120,6 +123,11 @@ def test_a_pasted_file_is_read_by_the_worker_and_what_it_quotes_reaches_the_term
     assert console.returncode == 0, out[-2000:] + console.stderr[-2000:]
     assert f"hangdx console: no such file: {tmp_path / 'missing.log'}" in out
     assert "== 🔴 Pasted evidence" in out and "`gpu_fault`" in out, out[-3000:]
+    # Asked again without a file: read again in the thread of the paste, the same answer there.
+    pasted = re.search(r"you \(thread (\S+)\): pasted rank3.log", out)
+    assert pasted, out[-3000:]
+    answers = re.findall(r"hangdx \[thread (\S+)\]:\n  == 🔴 Pasted evidence", out)
+    assert answers == [pasted.group(1)] * 2, out[-4000:]
     assert "\x1b" not in out  # the reader drops the escape; the console never sends one raw
     assert "press BUTTON [JOBID]" in out  # help
 
