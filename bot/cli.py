@@ -63,7 +63,16 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--list", action="store_true", help="list the faults")
     m.add_argument("--world-size", type=int, default=4)
     m.add_argument("--json", action="store_true", help="print the verdict as JSON")
-    m.add_argument("--keep", action="store_true", help="leave the job's workdir (logs) behind")
+    m.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the job hung (to try `hangdx console` on it); prints how to stop it",
+    )
+
+    c = sub.add_parser("console", help="talk to the bot's Slack handlers from this terminal (Redis needed)")
+    c.add_argument(
+        "--wait", type=float, default=300.0, help="seconds to wait for answers at the end (default 300)"
+    )
 
     s = sub.add_parser("serve", help="the Slack bot")
     s.add_argument("--host", default="127.0.0.1")
@@ -148,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_diagnose(args)
         if args.command == "doctor":
             return cmd_doctor(args)
+        if args.command == "console":
+            from hangdx.bot.console import run_console
+
+            return run_console(args)
         if args.command == "demo":
             from hangdx.bot.demo import run_demo
 

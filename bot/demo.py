@@ -48,7 +48,10 @@ def run_demo(args: argparse.Namespace) -> int:
     spec = FAULTS[fault]
     # Ctrl-C, `timeout` (SIGTERM) and a closed terminal all end the job's processes.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    job = ZooJob(fault, world_size=args.world_size, ptracer_pid=os.getpid(), control_plane=True)
+    # --keep: the job outlives this process, so any later `hangdx` of this user may attach py-spy to it.
+    job = ZooJob(
+        fault, world_size=args.world_size, ptracer_pid=-1 if args.keep else os.getpid(), control_plane=True
+    )
     try:
         out.print(
             f"[bold]hangdx demo[/]: starting a {args.world_size}-rank gloo job with fault [cyan]{fault}[/] ({spec.description})"
@@ -78,6 +81,15 @@ def run_demo(args: argparse.Namespace) -> int:
                 + ("[bold green]diagnosed right[/]" if right else "[bold red]diagnosis differs[/]")
                 + f" in {verdict.elapsed_seconds:.1f}s"
             )
+        if args.keep:
+            stop = job.detach()
+            # On stderr with --json, so that stdout stays one JSON document.
+            out.print(
+                f"  left job [bold]{job.job_id}[/] hung, its ranks running (pids "
+                f"{', '.join(str(p) for _, p in sorted(job.pids.items()))}); try it with `hangdx console` and "
+                f"`/diagnose {job.job_id}`\n  stop it with: {stop}",
+                markup=True,
+            )
         return 0
     except TimeoutError as e:
         sys.stderr.write(f"hangdx: the demo job did not reach its hung state: {str(e).splitlines()[0]}\n")
@@ -86,5 +98,5 @@ def run_demo(args: argparse.Namespace) -> int:
         job.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if not args.json:
+        if not args.json and not args.keep:
             out.print("  stopped every process of the demo job")

@@ -75,17 +75,46 @@ def collect(
         raise DiagnosisError("samples: 1 to 20")
     how = check_resolver(opts.how)
     interval = max(0.0, opts.interval)
-    if how == "local" and opts.hint_hosts:
-        # This machine knows no other node: the nodes the alert named are the only ones to probe, and nobody
-        # vouches for them (a probe that finds the job's processes there does).
-        how = _hosts_how(opts.hint_hosts)
-        vouched = None
     if how == "local":
+        # HANGDX_RESOLVER=local: the job runs on this machine, whatever node the alert names (CONTRACTS: the
+        # job's hosts still come from the resolver). Only when no process of the job is here are the other
+        # nodes the alert named probed, alone, and nobody vouches for them (a probe that finds the job does).
         docs = collect_local(job_id, samples=opts.samples, interval=interval)
-        if progress is not None:
-            progress(1, 1)
-        return docs
+        elsewhere = [h for h in opts.hint_hosts if not is_this_machine(h)]
+        if not elsewhere or _has_job(docs):
+            if progress is not None:
+                progress(1, 1)
+            return docs
+        if notes is not None:
+            notes.append(
+                f"no process of job {job_id} on this machine (HANGDX_RESOLVER=local): probed only the nodes the "
+                "alert named, with the default SSH settings"
+            )
+        return _collect_remote(
+            job_id, _hosts_how(elsewhere), replace(opts, hint_hosts=elsewhere), interval, progress, None, None
+        )
     return _collect_remote(job_id, how, opts, interval, progress, notes, vouched)
+
+
+def _has_job(docs: list[dict]) -> bool:
+    return any(a.get("kind") in ("procstate", "pyspy") for d in docs for a in d.get("artifacts") or [])
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether a node an alert named is this machine: a loopback name or address, or this host's own name (short
+    or fully qualified)."""
+    import ipaddress
+    import socket
+
+    name = host.strip().lower().rstrip(".")
+    if name in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    own = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    return name in own or name in {o.split(".")[0] for o in own}
 
 
 def job_hosts(docs: list[dict], vouched: set[str]) -> set[str]:

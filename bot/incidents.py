@@ -4,7 +4,8 @@ Keys (all under `hangdx:`; values are strings or JSON, never pickle):
 
     hangdx:incident:<job>            hash: job_id, status, created, updated, channel, thread_ts, owner,
                                      last_request (JSON), diagnosis (queued | running | done | failed |
-                                     interrupted; queued again after its worker died)
+                                     interrupted; queued again after its worker died), diagnosis_error
+                                     (why the latest diagnosis failed)
     hangdx:incident:<job>:timeline   list of JSON {time, actor, event, detail}, its last 1000 events
     hangdx:incident:<job>:verdicts   list of JSON Verdict.to_dict(), newest last, capped at MAX_VERDICTS
     hangdx:incidents:open            set of job ids whose incident is not resolved
@@ -54,6 +55,7 @@ STATUSES = ("investigating", "diagnosed", "acknowledged", "resolved")
 OPEN_SET = PREFIX + "incidents:open"
 RUNS_SET = PREFIX + "runs"
 MAX_VERDICTS = 20
+ERROR_MAX = 500  # characters of a failed diagnosis's error kept on the incident
 # Timeline events that end a diagnosis; "diagnosis_started" begins one.
 DIAGNOSIS_END = ("verdict", "diagnosis_failed", "diagnosis_interrupted")
 
@@ -77,6 +79,7 @@ class Incident:
     owner: str | None = None
     last_request: dict[str, Any] | None = None
     diagnosis: str | None = None  # queued (again) | running | done | failed | interrupted
+    diagnosis_error: str | None = None  # why the latest diagnosis failed (diagnosis == "failed")
     timeline: list[dict[str, Any]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -255,7 +258,8 @@ return 2
 
 # End a run: keep its verdict (or failure) unless another run holds the lock or started after it; drop the
 # run record and the lock in the same step. KEYS: run, runs, lock, incident, timeline, verdicts.
-# ARGV: job, token, rq id, now, kind (verdict | failed), event JSON, verdict JSON, max verdicts.
+# ARGV: job, token, rq id, now, kind (verdict | failed), event JSON, verdict JSON, max verdicts, error (failed:
+# kept on the incident, so that `/diagnose status` says why without reading the timeline).
 _FINISH = """
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[2] then return 0 end
@@ -272,9 +276,10 @@ if ARGV[5] == 'verdict' then
   redis.call('RPUSH', KEYS[6], ARGV[7])
   redis.call('LTRIM', KEYS[6], -tonumber(ARGV[8]), -1)
   redis.call('HSET', KEYS[4], 'updated', ARGV[4], 'diagnosis', 'done')
+  redis.call('HDEL', KEYS[4], 'diagnosis_error')
   if redis.call('HGET', KEYS[4], 'status') == 'investigating' then redis.call('HSET', KEYS[4], 'status', 'diagnosed') end
 else
-  redis.call('HSET', KEYS[4], 'updated', ARGV[4], 'diagnosis', 'failed')
+  redis.call('HSET', KEYS[4], 'updated', ARGV[4], 'diagnosis', 'failed', 'diagnosis_error', ARGV[9])
 end
 return 1
 """
@@ -572,6 +577,7 @@ class IncidentStore:
             kind, ev = "failed", _event(actor, "diagnosis_failed", error or "", now)
         keys = [*_run_keys(job), _key(job) + ":verdicts"]
         args = [job, token, rq_id, repr(now), kind, json.dumps(ev), json.dumps(verdict), MAX_VERDICTS]
+        args.append(" ".join((error or "").split())[:ERROR_MAX])
         return bool(self._scripts["finish"](keys=keys, args=args))
 
     @_unavailable
@@ -682,6 +688,7 @@ def _incident(h: dict, tl: list, vs: list) -> Incident | None:
         owner=h.get("owner"),
         last_request=json.loads(h["last_request"]) if h.get("last_request") else None,
         diagnosis=h.get("diagnosis"),
+        diagnosis_error=h.get("diagnosis_error"),
         timeline=[json.loads(_s(x)) for x in tl],
         verdicts=[json.loads(_s(x)) for x in vs],
     )
@@ -700,6 +707,9 @@ def incident_markdown(inc: Incident) -> str:
         f"- **Updated:** {_when(inc.updated)}",
         f"- **Owner:** {inc.owner or 'nobody yet'}",
     ]
+    if inc.diagnosis in ("failed", "interrupted"):
+        why = f": {inc.diagnosis_error}" if inc.diagnosis == "failed" and inc.diagnosis_error else ""
+        out.append(f"- **Latest diagnosis:** {inc.diagnosis}{why}")
     if inc.channel:
         out.append(f"- **Slack thread:** {inc.channel} / {inc.thread_ts or '?'}")
     out += ["", "## Timeline", "", "| time | who | event | detail |", "|---|---|---|---|"]

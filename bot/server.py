@@ -4,6 +4,7 @@ hand-off."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 
 from slack_sdk import WebClient
@@ -50,6 +51,8 @@ def serve(
         _socket_mode(app, config.app_token)
     server = http_server(flask_app, host, port, config.alert_token)
     log.info("hangdx serving on http://%s:%d", host, server.effective_port)
+    # Printed, not logged: the one line a person starting serve looks for, whatever the log level.
+    print(listening_line(config, host, server.effective_port), file=sys.stderr, flush=True)
     try:
         server.run()
     finally:
@@ -59,6 +62,14 @@ def serve(
         if link is not None:
             link.stop()
         server.close()
+
+
+def listening_line(config: BotConfig, host: str, port: int) -> str:
+    """What serve says once it listens: where, what it answers there, and which Slack mode."""
+    where = f"[{host}]" if ":" in host else host
+    slack = "Slack over Socket Mode" if config.app_token else f"Slack at http://{where}:{port}/slack/events"
+    alerts = "alerts at /alerts" if config.alert_token else "alerts off (HANGDX_ALERT_TOKEN unset)"
+    return f"hangdx serve: listening on http://{where}:{port} ({slack}, {alerts}, health at /healthz)"
 
 
 def _socket_mode(app, app_token: str) -> None:

@@ -52,6 +52,11 @@ def build_app(
     client = WebClient(token=config.bot_token, base_url=config.api_url)
     if (config.allowed_groups or config.action_groups) and config.group_members is None:
         config = dataclasses.replace(config, group_members=GroupMembers(client))
+    # Bolt reads SLACK_BOT_TOKEN itself and, as it builds the app, warns that it is unused beside `client` (built
+    # from the same token): at start-up that reads like a misconfiguration, so that one line is dropped.
+    bolt_log = logging.getLogger("slack_bolt.App")
+    if not any(isinstance(f, _ClientTokenWarning) for f in bolt_log.filters):
+        bolt_log.addFilter(_ClientTokenWarning())
     app = App(
         client=client,
         signing_secret=config.signing_secret or "",
@@ -75,6 +80,13 @@ def build_app(
     link = SlackLink(client, on_ok=lambda answer: _seed_authorization(app, answer)).start()
     app.hangdx_link = link  # type: ignore[attr-defined]  (serve stops it)
     return app, _flask_app(app, config, submit, store, health, socket_mode, link)
+
+
+class _ClientTokenWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
+
+        return record.getMessage() != warning_client_prioritized_and_token_skipped()
 
 
 def _seed_authorization(app: App, answer) -> None:

@@ -352,14 +352,25 @@ def _thread_link(inc: dict[str, Any]) -> str:
     return f"<https://slack.com/app_redirect?channel={channel}&message_ts={ts}|thread>"
 
 
+# A diagnosis that ended without a verdict: the incident's status (investigating) alone would say it is under way.
+_DIAGNOSIS_ENDED = {"failed": "diagnosis failed", "interrupted": "diagnosis interrupted"}
+
+
 def _incident_header(inc: dict[str, Any], now: float) -> str:
     status = str(inc.get("status") or "?")
     icon = _INCIDENT_ICON.get(status, "⚪")
+    shown = escape(status, 50)
+    ended = _DIAGNOSIS_ENDED.get(str(inc.get("diagnosis") or ""))
+    if ended:
+        icon, shown = "❌", f"{ended} ({shown})"
     age = _age(now - float(inc.get("created") or now))
     link = _thread_link(inc)
-    return f"{icon} *Job {escape(inc.get('job_id', '?'), 200)}*: {escape(status, 50)}, open {age}" + (
+    head = f"{icon} *Job {escape(inc.get('job_id', '?'), 200)}*: {shown}, open {age}" + (
         f" · {link}" if link else ""
     )
+    if ended and inc.get("diagnosis_error"):
+        head += "\n" + escape(f"Why: {inc['diagnosis_error']}", 600)
+    return head
 
 
 def _incident_list(

@@ -31,17 +31,20 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 PR_SET_PTRACER = 0x59616D61  # Yama: let this pid (and its descendants) ptrace us
+PR_SET_PTRACER_ANY = 0xFFFFFFFFFFFFFFFF  # ... or any process (of our own user: ptrace still checks that)
 STRAGGLER_MAX_SECONDS = 600.0
 
 
 def allow_ptrace(*_args: object) -> None:
-    """Let the process named by HANGDX_PTRACER attach py-spy to us under Yama ptrace_scope=1."""
+    """Let the process named by HANGDX_PTRACER attach py-spy to us under Yama ptrace_scope=1 (`any`: a job left
+    hung by `hangdx demo --keep`, diagnosed later by another process of the same user)."""
     pid = os.environ.get("HANGDX_PTRACER", "")
-    if not pid.isdigit() or not sys.platform.startswith("linux"):
+    if not (pid.isdigit() or pid == "any") or not sys.platform.startswith("linux"):
         return
+    tracer = PR_SET_PTRACER_ANY if pid == "any" else int(pid)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(int(pid)), 0, 0, 0)
+        libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(tracer), 0, 0, 0)
     except (OSError, AttributeError):
         pass  # no prctl or no Yama: nothing to allow
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -374,7 +375,8 @@ class ZooJob:
             PYTHONUNBUFFERED="1",
         )
         if self.ptracer_pid is not None:
-            env["HANGDX_PTRACER"] = str(self.ptracer_pid)
+            # A negative pid: any tracer of our user (a job left running for later diagnoses).
+            env["HANGDX_PTRACER"] = "any" if self.ptracer_pid < 0 else str(self.ptracer_pid)
         if self.control_plane and not self.fault.program:  # realistic programs serve no control plane
             env["TORCH_WORKER_SERVER_SOCKET"] = str(self.workdir / f"rank{rank}.sock")
         return env
@@ -484,6 +486,14 @@ class ZooJob:
             except (OSError, ValueError):
                 continue
         return pids
+
+    def detach(self) -> str:
+        """Leave the job running after this process ends (`hangdx demo --keep`); the shell command that stops it
+        (every rank's process group, then its workdir)."""
+        atexit.unregister(self.stop)
+        self._stopped = True
+        groups = " ".join(f"-{pid}" for pid in sorted(self.pids.values()))
+        return f"kill -KILL -- {groups}; rm -rf {shlex.quote(str(self.workdir))}"
 
     def stop(self) -> None:
         """SIGKILL every rank's process group (rank, DataLoader workers, fd holder), reap, clean up."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import textwrap
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -19,7 +20,17 @@ import requests
 
 from hangdx.bot.incidents import IncidentStore
 
-from .harness import ALERT_TOKEN, free_port, parents_of, settle, tally, wait_for, wait_verdicts
+from .harness import (
+    ALERT_TOKEN,
+    CHANNEL,
+    free_port,
+    parents_of,
+    settle,
+    tally,
+    verdict_posts,
+    wait_for,
+    wait_verdicts,
+)
 from .test_silent_node import sshd  # noqa: F401  (a real sshd on 127.0.0.1)
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -139,3 +150,86 @@ def test_an_exporter_alert_through_alertmanager_diagnoses_the_job_with_the_inven
     assert events.count("opened") == 1 and "request" in events, events
     said = json.dumps([c.body for c in bot.slack.delivered("chat.postMessage")])
     assert "Notes: alert fired on node-a" in said  # the note as written (row 22: no .capitalize())
+
+
+def _slash(url: str, text: str, response_url: str) -> requests.Response:
+    """`/diagnose TEXT` as Slack signs and sends it."""
+    import time
+    from urllib.parse import urlencode
+
+    from slack_sdk.signature import SignatureVerifier
+
+    from .harness import SECRET
+
+    body = urlencode(
+        {"command": "/diagnose", "text": text, "user_id": "U0ONCALL01", "channel_id": CHANNEL,
+         "team_id": "T0HANGDX1", "response_url": response_url, "trigger_id": "1.2.3"}
+    )  # fmt: skip
+    stamp = str(int(time.time()))
+    sig = SignatureVerifier(SECRET).generate_signature(timestamp=stamp, body=body)
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": stamp,
+               "X-Slack-Signature": sig}  # fmt: skip
+    return requests.post(url + "/slack/events", data=body, headers=headers, timeout=5)
+
+
+def test_a_localhost_alert_with_the_local_resolver_probes_this_machine_and_names_the_culprit(
+    bot, start_alertmanager
+):
+    """Issue 22 item 6: HANGDX_RESOLVER=local (the bot on the job's machine) and an alert labelled
+    `instance="localhost:9100"`: the job's ranks here are probed, not an SSH session to "localhost"."""
+    pytest.importorskip("torch")
+    from hangdx.zoo.launch import ZooJob
+
+    assert bot.procs.env["HANGDX_RESOLVER"] == "local"
+    bot.serve().workers(1)
+    am = start_alertmanager(bot.url + "/alerts")
+    with ZooJob("skip_collective") as job:
+        job.wait_until_stuck()
+        fire(am, job.job_id, "localhost:9100")
+        assert wait_verdicts(bot.slack, bot.conn, [job.job_id], timeout=120), bot.log_text()[-3000:]
+        inc = IncidentStore(bot.conn).get(job.job_id)
+    v = inc.latest_verdict
+    rc = v["root_cause"]
+    assert rc["category"] == "conditional_collective" and rc["culprit"]["ranks"] == [1], rc["summary"]
+    assert v["notes"][0] == "alert fired on localhost"
+    assert not any("known_hosts" in g or "ssh" in g.lower() for g in v["gaps"]), v["gaps"]
+    parents = parents_of(bot.slack, job.job_id)
+    assert len(parents) == 1 and parents[0].body["channel"] == CHANNEL
+    assert f"job {job.job_id}: no training step for 10 minutes" in parents[0].body["text"]
+    posts = verdict_posts(bot.slack, inc.thread_ts)
+    assert len(posts) == 1 and posts[0].body["channel"] == CHANNEL
+    said = json.dumps(posts[0].body["blocks"])
+    assert "conditional_collective" in said and "Rank 1 skipped the allreduce" in said, said[:2000]
+
+
+def test_a_failed_diagnosis_shows_as_failed_in_diagnose_status(bot, start_alertmanager):
+    """Issue 22 item 6: a diagnosis that failed (no process of the job on this machine) is not shown as
+    "investigating" in `/diagnose status`: it says failed, and why."""
+    bot.serve().workers(1)
+    am = start_alertmanager(bot.url + "/alerts")
+    job = f"gone-{uuid.uuid4().hex[:6]}"
+    fire(am, job, "localhost:9100")
+    store = IncidentStore(bot.conn)
+    wait_for(
+        "the failed diagnosis", lambda: (store.get(job) or None) and store.get(job).diagnosis == "failed", 90
+    )
+    inc = store.get(job)
+    assert inc.status == "investigating" and "no process of job" in (inc.diagnosis_error or "")
+    events = [e["event"] for e in inc.timeline]
+    assert "diagnosis_failed" in events, events
+    r = _slash(bot.url, "status", bot.slack.root + "respond/status")
+    assert r.status_code == 200, r.text
+    answer = wait_for("the status answer", lambda: bot.slack.calls_to("respond/status"), 30)[0].body
+    said = json.dumps(answer.get("blocks"))
+    assert f"*Job {job}*: diagnosis failed (investigating)" in said, said
+    assert f"Why: no process of job '{job}' found on" in said, said
+    # ... and the postmortem export says so too.
+    md = subprocess.run(
+        [sys.executable, "-m", "hangdx", "incident", job],
+        env=bot.procs.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert md.returncode == 0, md.stderr
+    assert f"- **Latest diagnosis:** failed: no process of job '{job}' found on" in md.stdout, md.stdout
