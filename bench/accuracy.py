@@ -3,6 +3,7 @@
     python bench/accuracy.py [--faults a,b] [--repeat N]
     python bench/accuracy.py --real      # the real-world corpus instead (bench/real.py)
     python bench/accuracy.py --sealed    # the sealed corpus: counts only, never a case (tests/fixtures/sealed/)
+    python bench/accuracy.py --sealed --added-since REV   # only the sealed cases added after REV, counts only
     python bench/accuracy.py --realistic # the held-out realistic training programs (hangdx/zoo/realistic/)
 
 Prints: scenario, expected category, found category, culprit right, seconds from the start of
@@ -50,7 +51,19 @@ def diagnose(job_id: str) -> tuple[dict | None, float, float, str]:
 SEALED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "sealed")
 
 
-def sealed(folder: str = SEALED) -> int:
+def added_since(rev: str, folder: str = SEALED) -> set[str] | None:
+    """Names of the sidecars in folder that git says were added after `rev` (None when git cannot say)."""
+    try:
+        out = subprocess.run(
+            ["git", "log", "--diff-filter=A", "--name-only", "--format=", f"{rev}..HEAD", "--", "."],
+            cwd=folder, capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {os.path.basename(x) for x in out.split() if x.endswith(".yaml")}
+
+
+def sealed(folder: str = SEALED, only: set[str] | None = None) -> int:
     """`hangdx analyze --json` on every sealed case; prints only counts per category, never a case or a line of one.
 
     The sealed set measures how the rules generalise: whoever writes rules must not learn which case failed, so
@@ -61,7 +74,7 @@ def sealed(folder: str = SEALED) -> int:
     tally: dict[str, list[int]] = {}  # category -> [category right, total, culprit right, culprit named]
     refused = 0  # exit 2: "nothing hangdx can read"
     for name in sorted(os.listdir(folder)):
-        if not name.endswith(".yaml"):
+        if not name.endswith(".yaml") or (only is not None and name not in only):
             continue
         with open(os.path.join(folder, name)) as f:
             meta = yaml.safe_load(f) or {}
@@ -118,13 +131,24 @@ def main() -> int:
         help="the sealed corpus in tests/fixtures/sealed/: prints counts per category only, never a case",
     )
     ap.add_argument(
+        "--added-since",
+        metavar="REV",
+        help="with --sealed: only the cases added after this git revision (the fresh ones), still counts only",
+    )
+    ap.add_argument(
         "--realistic",
         action="store_true",
         help="the held-out realistic training programs (hangdx/zoo/realistic/)",
     )
     args = ap.parse_args()
     if args.sealed:
-        return sealed()
+        only = None
+        if args.added_since:
+            only = added_since(args.added_since)
+            if only is None:
+                print(f"accuracy: git cannot say which sealed cases were added since {args.added_since}")
+                return 2
+        return sealed(only=only)
     if args.real:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import real
