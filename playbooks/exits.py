@@ -3,7 +3,8 @@
 - PyTorch's DataLoader says a worker died under its rank (`DataLoader worker (pid 742) is killed by signal:
   Killed`, `Unexpected bus error encountered in worker`): the rank's data loading is gone.
 - Open MPI names the rank that died and the node (`mpirun noticed that process rank 7 ... exited on signal 9`).
-- torch elastic names the local rank and pid that died of a signal (`failed (exitcode: -9) local_rank: 0`).
+- torch elastic names the local rank and pid that died of a signal (`failed (exitcode: -9) local_rank: 0`): the
+  rank itself when nothing read shows a second node.
 - CUDA says the GPU itself failed (`CUDA error: uncorrectable ECC error encountered`).
 """
 

@@ -82,6 +82,7 @@ def test_the_rank_that_fell_back_to_loopback_is_the_culprit_of_a_gloo_mesh_that_
     )
     assert rc.category == "comm_init_failure", rc.summary
     assert rc.culprit.ranks == [3], rc.summary
+    assert "loopback" in rc.summary and "GLOO_SOCKET_IFNAME" in rc.fix
 
 
 def test_syslog_through_grep_h_names_the_host_of_a_hung_task():
