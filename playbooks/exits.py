@@ -3,7 +3,8 @@
 - PyTorch's DataLoader says a worker died under its rank (`DataLoader worker (pid 742) is killed by signal:
   Killed`, `Unexpected bus error encountered in worker`): the rank's data loading is gone.
 - Open MPI names the rank that died and the node (`mpirun noticed that process rank 7 ... exited on signal 9`).
-- torch elastic names the local rank and pid that died of a signal (`failed (exitcode: -9) local_rank: 0`).
+- torch elastic names the local rank and pid that died of a signal (`failed (exitcode: -9) local_rank: 0`): the
+  rank itself when nothing read shows a second node.
 - CUDA says the GPU itself failed (`CUDA error: uncorrectable ECC error encountered`).
 """
 
@@ -116,10 +117,13 @@ def local_rank_killed(facts: Facts) -> Iterator[Match]:
         return
     stopped = [e for e in exits if e.fields.get("action") == "closing_signal"]
     signals = sorted({_EXIT_SIGNALS[e.fields["exitcode"]] for e in failed})
+    # Global rank = group_rank * local_world_size + local_rank: on one node the local rank is the rank.
+    single = _one_node(facts)
+    ranks = sorted({int(e.fields["local_rank"]) for e in failed if e.fields.get("local_rank") is not None})
     yield Match(
         "rank_crashed",
         0.8,
-        Culprit(hosts=_hosts(failed)),
+        Culprit(ranks=ranks if single else [], hosts=_hosts(failed)),
         [e.quote for e in failed[:3]] + [e.quote for e in stopped[:2]],
         {
             "workers": [
@@ -135,9 +139,25 @@ def local_rank_killed(facts: Facts) -> Iterator[Match]:
             "signals": signals,
             "causes": sorted({_CAUSE[s] for s in signals if s in _CAUSE}),
             "hosts": _hosts(failed),
+            "single_node": single,
         },
         status="failed",
     )
+
+
+def _one_node(facts: Facts) -> bool:
+    """Whether nothing read shows a second node: one host at most, no node (group) rank above 0, no global rank
+    named. torch elastic's own lines give local ranks only, and a job on one node is the common paste."""
+    if len({e.host for e in facts.ev.events if e.host} | set(facts.ev.hosts)) > 1:
+        return False
+    for e in facts.ev.events:
+        if e.rank is not None:
+            return False
+        for key in ("group_rank", "node_rank"):
+            value = e.fields.get(key)
+            if value is not None and str(value).isdigit() and int(value) > 0:
+                return False
+    return True
 
 
 # CUDA's own texts for a GPU that failed (cudaErrorECCUncorrectable, cudaErrorNvlinkUncorrectable, ...).

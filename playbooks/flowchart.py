@@ -179,7 +179,15 @@ def never_joined(facts: Facts) -> Iterator[Match]:
         return
     others = sorted(r for r, v in facts.ranks.items() if v.alive and r not in in_init and v.locations)
     late = sorted(set(facts.missing) | set(others))
-    evidence = [q for r in in_init[:2] for q in _loc_quote(facts.ranks[r])]
+    loopback = [e for e in facts.ev.events_of("loopback_fallback") if e.rank is not None]
+    if not late and init_logs and loopback:
+        # No rank is known to be late: a rank that says it bound to the loopback address is the one its peers
+        # (or it, dialling them at 127.0.0.1) cannot reach.
+        late = sorted({e.rank for e in loopback})
+    else:
+        loopback = []
+    evidence = [e.quote for e in loopback[:2]]
+    evidence += [q for r in in_init[:2] for q in _loc_quote(facts.ranks[r])]
     evidence += [q for r in others for q in _loc_quote(facts.ranks[r])]
     evidence += [e.quote for e in init_logs[:4]]
     where = {r: facts.ranks[r].location.describe() for r in others}
@@ -200,6 +208,7 @@ def never_joined(facts: Facts) -> Iterator[Match]:
                 (e.fields["unreachable"] for e in init_logs if e.fields.get("unreachable")), None
             ),
             "log_hosts": _hosts_of_events(init_logs),
+            "loopback_ranks": sorted({e.rank for e in loopback}),
         },
         status="hung",
     )

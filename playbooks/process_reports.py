@@ -20,7 +20,13 @@ FS_WCHAN = re.compile(
     r"|__lock_page\w*|lock_page\w*|wait_on_buffer|__wait_on_buffer|bit_wait_io\w*|__filemap\w*|filemap_\w+"
     r"|do_truncate|ll_\w+|lustre\w*|osc_\w+|ptlrpc\w*|ldlm_\w+|cl_\w+|cifs\w*|smb2?_\w+|fuse_\w+|ext4_\w+"
     r"|jbd2\w*|xfs_\w+|btrfs_\w+|blk_\w+|blkdev_\w+|submit_bio\w*|fsync\w*|vfs_\w+|gpfs\w*|mmfs\w*|ceph_\w+"
-    r"|wait_on_page_writeback|wait_on_page_locked\w*|writeback_\w+|sync_\w+)$"
+    r"|wait_on_page_writeback|wait_on_page_locked\w*|writeback_\w+|sync_\w+"
+    r"|txg_\w+|zio_\w+|zil_\w+|zpl_\w+|dmu_\w+)$"  # ZFS: a transaction group that does not sync blocks writers
+)
+# Kernel modules that are file systems or their transport: a frame in one of them is a storage wait.
+FS_MODULES = re.compile(
+    r"^(?:nfs|nfsv[34]|nfsd|sunrpc|lustre|ptlrpc|osc|mdc|lov|lmv|obdclass|ksocklnd|ko2iblnd|xfs|ext4|jbd2|btrfs"
+    r"|fuse|cifs|ceph|libceph|zfs|spl|mmfs\w*|gpfs\w*|beegfs|wekafsio)$"
 )
 
 
@@ -126,6 +132,48 @@ def blocked_in_kernel(facts: Facts) -> Iterator[Match]:
             ],
             "n": len(blocked),
             "hosts": hosts,
+        },
+        status="hung",
+    )
+
+
+@playbook("hung_task_storage", order=58)
+def hung_task_storage(facts: Facts) -> Iterator[Match]:
+    """Does the kernel's hung-task report (a task in D state past hung_task_timeout_secs) show, in its call trace,
+    that the task waits on a file system?"""
+    stuck = []
+    for e in facts.ev.events_of("hung_task"):
+        frames = e.fields.get("frames") or []
+        # The file system's own frame says most; a generic page-cache or block-layer wait, else.
+        frame = next((f for f in frames if f[3] and FS_MODULES.match(f[3])), None) or next(
+            (f for f in frames if FS_WCHAN.match(f[2]) and not f[2].startswith("io_schedule")), None
+        )
+        if frame is not None:
+            stuck.append((e, frame))
+    if not stuck:
+        return
+    hosts = sorted({h for e, _ in stuck for h in _host_of(facts, e)})
+    ranks = sorted({e.rank for e, _ in stuck if e.rank is not None})
+    evidence: list[Quote] = []
+    for e, f in stuck[:3]:
+        evidence += [e.quote, Quote(e.quote.source, f[0], f[1])]
+    yield Match(
+        "io_stall",
+        0.82,
+        Culprit(
+            ranks=ranks,
+            hosts=hosts,
+            processes=[] if ranks else [f"pid {e.pid} ({e.fields.get('comm')})" for e, _ in stuck][:8],
+        ),
+        evidence,
+        {
+            "tasks": [
+                {"comm": e.fields.get("comm"), "pid": e.pid, "host": e.host, "function": f[2], "module": f[3]}
+                for e, f in stuck[:4]
+            ],
+            "n": len(stuck),
+            "hosts": hosts,
+            "seconds": max(int(e.fields.get("seconds") or 0) for e, _ in stuck),
         },
         status="hung",
     )

@@ -18,7 +18,7 @@ LogEvents (kind: fields):
          line with no Xid 79 for that GPU
     oom_kill: pid, comm (+ constraint, oom_memcg, uid, memcg, total_vm_kb, anon_rss_kb when printed);
               the `oom-kill:` and `Killed process` lines of one kill make one event
-    hung_task: comm, pid, seconds
+    hung_task: comm, pid, seconds (+ frames: [line, text, function, module] of the call trace after it)
     nfs_not_responding: server, how (still trying | timed out);  nfs_ok: server
     nic_link: device (netdev or mlx5_N; the PCI function for cable events), state (up|down|init),
               driver, bus_id, port + ib_state (mlx5 `Port: 1 Link DOWN`), module + cable
@@ -69,6 +69,17 @@ _OOM_KILLED = re.compile(
 _KILLED = re.compile(r"^Killed process (\d+) \(([^)]{0,64})\)(.*)$")
 _OOM_KILL = re.compile(r"oom-kill:(\S+)")
 _HUNG = re.compile(r"INFO: task (.{1,64}?):(\d+) blocked for more than (\d+) seconds")
+# A frame of the call trace the kernel prints after a hung-task report (`dump_stack`/`show_stack`): old kernels
+# `[<ffffffffc08f1b66>] nfs_file_flush+0x46/0x60 [nfs]`, new ones ` nfs_file_flush+0x46/0x60 [nfs]`; `? ` marks a
+# frame the unwinder is unsure of.
+_FRAME = re.compile(
+    r"^(?:\[<[0-9a-fA-F]{8,16}>\] )?(?:\? )?([A-Za-z_][\w.]{0,127})\+0x[0-9a-fA-F]{1,16}/0x[0-9a-fA-F]{1,16}"
+    r"(?: \[(\w{1,64})\])?$"
+)
+# Lines of a hung-task report between its INFO line and its frames.
+_HUNG_BODY = re.compile(
+    r"^(?:Call Trace:|<TASK>|</TASK>|Tainted:|\S{1,16}\s+D\s|task:\S|\"echo 0 > /proc/sys/kernel/hung_task|RIP: |RSP: |RAX: |RDX: |RBP: |R\d{1,2}: )"
+)
 _NFS = re.compile(r"\bnfs: server (\S+) (not responding, (still trying|timed out)|OK)\b")
 _SEGV = re.compile(r"(?<!\S)(\S+)\[(\d+)\]: segfault at (\S+)(.*)$")
 _TRAP = re.compile(r"traps: (\S+)\[(\d+)\] (general protection fault|trap [\w ]+?)(?: ip| in |$)")
@@ -214,6 +225,7 @@ class _State:
         self.ooms: dict[int, LogEvent] = {}
         self.last_pcie: tuple[int, LogEvent] | None = None
         self.hosts: set[str] = set()
+        self.hung_task: LogEvent | None = None  # the hung-task report whose call trace may follow
 
     def add(self, kind: str, no: int, raw: str, ln: _Line, pid: int | None = None, **fields: Any) -> LogEvent:
         host = ln.host or self.src.host
@@ -240,6 +252,8 @@ class _State:
             return
         if self.pending_gpu and no - self.pending_gpu[1] > 3:
             self.pending_gpu = None
+        if self.hung_task is not None and self.trace(no, raw, ln, msg):
+            return
         for handler in (self.oom, self.hung, self.nfs, self.segfault, self.pcie, self.link):
             try:
                 if handler(no, raw, ln, msg):
@@ -363,8 +377,27 @@ class _State:
         if not m:
             return False
         pid = int(m.group(2))
-        self.add("hung_task", no, raw, ln, pid=pid, comm=m.group(1), seconds=int(m.group(3)))
+        self.hung_task = self.add("hung_task", no, raw, ln, pid=pid, comm=m.group(1), seconds=int(m.group(3)))
         return True
+
+    def trace(self, no: int, raw: str, ln: _Line, msg: str) -> bool:
+        """A line of the open hung-task report: its frames join the event (`frames`: line, text, function,
+        module), innermost first; any other line closes the report."""
+        task = self.hung_task
+        assert task is not None
+        if (ln.host or self.src.host) != task.host:
+            self.hung_task = None
+            return False
+        m = _FRAME.match(msg)
+        if m:
+            frames = task.fields.setdefault("frames", [])
+            if len(frames) < 64:
+                frames.append([no, raw.strip(), m.group(1), m.group(2)])
+            return True
+        if _HUNG_BODY.match(msg):
+            return True
+        self.hung_task = None
+        return False
 
     def nfs(self, no: int, raw: str, ln: _Line, msg: str) -> bool:
         m = _NFS.search(msg)

@@ -34,6 +34,8 @@ _REMOTE_CMD = re.compile(
 )
 _SRUN = re.compile(r"\s{0,6}(\d{1,6}):(?: |$)")  # an empty labelled line may have lost its blank
 _RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
+# `[rank8] ...`: torchrun's tag as people retype it, without its colon.
+_RANK_TAG = re.compile(r"\[(?:default)?rank(\d{1,9})\] (?=\S)")
 _POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
 _RAY = re.compile(r"\(\w{1,64} pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ")
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
@@ -41,6 +43,10 @@ _GUTTER = re.compile(r"\[(\d{1,9})\] ")
 _HOST = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,62}): ")
 _GREP_H = re.compile(
     r"((?:[\w.\-]{1,128}/){0,16}[\w.\-]{1,128}\.(?:log|txt|out|err|stderr|stdout|trace))(?::(\d{1,9}))?[:\-]"
+)
+# grep -H over the system log, whose files have no extension (`/var/log/messages:Jun 17 ...`, `syslog.1:...`).
+_GREP_SYSLOG = re.compile(
+    r"(/?(?:[\w.\-]{1,128}/){0,16}(?:messages|syslog|dmesg)(?:[.\-]\d{1,8})?)(?::(\d{1,9}))?:(?=\S)"
 )
 # `ip link` rows (`2: eth0: <BROADCAST,...>`) look like srun's `2: ` label; they are not one.
 _IP_LINK_ROW = re.compile(r"\d{1,6}: [\w@.\-]{1,40}: <")
@@ -171,7 +177,7 @@ class Normaliser:
             if m and self._is_gutter(int(m.group(1)), text[m.end() :]):
                 text = text[m.end() :]
                 continue
-            m = _GREP_H.match(text)
+            m = _GREP_H.match(text) or _GREP_SYSLOG.match(text)
             if m:
                 label = label or m.group(1)
                 rank = rank if rank is not None else rank_from_name(m.group(1))
@@ -182,7 +188,7 @@ class Normaliser:
             if m and not _IP_LINK_ROW.match(text.lstrip()):
                 rank, text = int(m.group(1)), text[m.end() :]
                 continue
-            m = _RANK_WORD.match(text)
+            m = _RANK_WORD.match(text) or _RANK_TAG.match(text)
             if m:
                 rank, text = int(m.group(1)), text[m.end() :]
                 continue

@@ -43,6 +43,23 @@ _PLUMBING = re.compile(
 )
 
 
+# The ps command itself, echoed above output whose header a filter dropped (`ps -eo pid,state,wchan:32,cmd |
+# awk '$2 ~ /D/'`): its -o / o / --format list names the columns, in order.
+_PS_CMD = re.compile(
+    r"(?:^|[\s$#>|;])ps\s+(?:-[a-zA-Z]{0,8}o\s?|o\s|--format[= ]|-[a-zA-Z]{1,8}\s+-o\s?)([\w:,=]{3,300})"
+)
+
+
+def _command_header(line: str) -> list[str] | None:
+    m = _PS_CMD.search(line) if "ps" in line else None
+    if not m:
+        return None
+    up = [c.split("=")[0].split(":")[0].upper() for c in m.group(1).split(",") if c]
+    if not (_PID_COLS & set(up)) or not (_STATE_COLS & set(up)):
+        return None
+    return up
+
+
 def _header(line: str) -> list[str] | None:
     cols = line.split()
     if len(cols) < 3 or len(cols) > 40:
@@ -71,6 +88,8 @@ def claims(line: str) -> int:
         cols = _header(line)
         if cols and (_WCHAN_COLS & set(cols) or "STAT" in cols):
             return 8
+    if len(line) < 400 and "ps" in line and _command_header(line):
+        return 8
     return 0
 
 
@@ -112,7 +131,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
         p = _PROC_PATH.search(text)
         if p:
             kpid = int(p.group(1))
-        h = _header(text)
+        h = _header(text) or _command_header(text)
         if h:
             cols = h
             continue

@@ -166,6 +166,9 @@ def _event(h: Hit, src: Source, marks: dict[str, Any]) -> LogEvent:
     if rank is None and isinstance(fields.get("rank"), int) and h.row.event not in _RANK_NAMES_OTHERS:
         rank = fields["rank"]
     host = ln.host or (origin.host if origin else None) or src.host
+    own = fields.get("own_host")  # the printer's host in the line itself (Open MPI's `[host:pid]`)
+    if host is None and isinstance(own, str) and not own.isupper():  # `HOST`: a placeholder the poster typed
+        host = own
     pid = ln.pid or (origin.pid if origin else None) or src.pid
     if pid is None and isinstance(fields.get("pid"), int):
         pid = fields["pid"]

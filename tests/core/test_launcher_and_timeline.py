@@ -182,8 +182,11 @@ def test_an_elastic_worker_killed_by_a_signal_is_a_crash_named_by_local_rank(tmp
     # rank_crashed__hpcaitech-ColossalAI-3172
     _, v = _verdict(tmp_path, _ELASTIC)
     rc = v.root_cause
-    assert rc.category == "rank_crashed" and rc.culprit.ranks == []
+    # Nothing shows a second node: the local rank is the global rank (group_rank * local_world_size + local_rank),
+    # and the summary says it assumed so.
+    assert rc.category == "rank_crashed" and rc.culprit.ranks == [0]
     assert "local rank 0 (pid 2410412)" in rc.summary and "SIGKILL" in rc.summary
+    assert "local rank is global rank" in rc.summary
 
 
 def test_a_worker_the_watchdog_aborted_is_not_called_a_crash(tmp_path):
