@@ -1,0 +1,217 @@
+"""NCCL RAS (`ncclras`, probes/ncclras.py): the dead, unreachable or lagging rank, with its host, pid and GPU.
+
+RAS sees every rank of the job in one query, with nothing installed in the job:
+- a process RAS declared dead (unreachable for 60 s) is a crashed rank: its peers wait for it (rank_crashed);
+- a process RAS could not reach at all (stopped, frozen, its node gone) is the same fault caught earlier;
+- in one communicator, ranks whose count of a collective type differs from the crowd: the ranks RAS singles out
+  have not launched the collective the others wait in (or launched one the others never will). NVIDIA's guide
+  says a difference that persists across queries is a stuck communicator, one that moves is normal: two reports
+  with the same counts make the finding sure, counts that moved drop it. This is the flowchart's "a rank never
+  issued the collective the others reached" (conditional_collective), as playbooks/flowchart.py's
+  sequence_divergence concludes from Flight Recorder; live stacks, when there are any, say more about what that
+  rank does instead, so this finding then stands back.
+Ranks of the job's largest communicator are taken as global ranks; a smaller communicator's are named as its own.
+The words live in templates/ncclras.j2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from hangdx.playbooks.engine import Match, playbook
+from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.verdict import Culprit
+from hangdx.probes.model import LogEvent, Quote
+
+
+def _global(rep: LogEvent, comm: dict, facts: Facts) -> bool:
+    """Are this communicator's ranks the job's global ranks? (its size is the world's, or the largest seen)"""
+    size = comm.get("size")
+    if size is None:
+        return len(rep.fields["comms"]) == 1
+    if facts.world_size:
+        return size == facts.world_size
+    return size == max((c.get("size") or 0) for c in rep.fields["comms"])
+
+
+def _gpu(host: str | None, gpu: str | None) -> str:
+    return f"{host}:GPU {gpu}" if host else f"GPU {gpu}"
+
+
+def _procs(rep: LogEvent, facts: Facts, kind: str) -> list[dict]:
+    """Dead (or unreachable) processes, each with the ranks the report names for it."""
+    listed = rep.fields["dead" if kind == "dead" else "unreachable"]
+    out: list[dict] = []
+    for p in listed:
+        out.append({**p, "ranks": [], "comm_ranks": [], "rank_quotes": []})
+    for comm in rep.fields["comms"]:
+        for r, info in sorted(comm["missing"].items()):
+            if not info.get(kind):
+                continue
+            key = (info.get("host"), info.get("pid"))
+            proc = next((p for p in out if (p["host"], p["pid"]) == key), None)
+            if proc is None:
+                proc = {"pid": info.get("pid"), "host": info.get("host"), "gpus": info.get("gpu"), "quote": None,
+                        "ranks": [], "comm_ranks": [], "rank_quotes": []}  # fmt: skip
+                out.append(proc)
+            if _global(rep, comm, facts):
+                proc["ranks"].append(r)
+            else:
+                proc["comm_ranks"].append((r, comm["hash"], comm.get("size")))
+            proc["rank_quotes"] += [info["quote"], *info.get("quotes", [])]
+            proc["comm"] = comm
+            proc["inferred"] = proc.get("inferred") or bool(info.get("inferred"))
+    return out
+
+
+def _lost(facts: Facts, rep: LogEvent, kind: str) -> Iterator[Match]:
+    procs = _procs(rep, facts, kind)
+    if not procs:
+        return
+    ranks = sorted({r for p in procs for r in p["ranks"]})
+    evidence: list[Quote] = []
+    head = rep.fields.get("dead_quote" if kind == "dead" else "unreachable_quote")
+    if head:
+        evidence.append(head)
+    for p in procs:
+        evidence += [q for q in [p.get("quote"), *p["rank_quotes"]] if q]
+        comm = p.get("comm")
+        if comm:
+            evidence += [
+                *comm.get("quotes", [])[:1],
+                *([comm["missing_quote"]] if comm.get("missing_quote") else []),
+            ]
+    if rep.fields.get("timeout_quote") and rep.fields.get("timeouts"):
+        evidence.append(rep.fields["timeout_quote"])
+    hosts = sorted({p["host"] for p in procs if p.get("host")})
+    yield Match(
+        "rank_crashed",
+        (0.86 if kind == "dead" else 0.62) - (0.06 if any(p.get("inferred") for p in procs) else 0.0),
+        Culprit(
+            ranks=ranks,
+            hosts=hosts,
+            gpus=[_gpu(p.get("host"), g) for p in procs if p.get("gpus") for g in str(p["gpus"]).split(",")],
+            processes=[] if ranks else [f"{p['host']} pid {p['pid']}" for p in procs if p.get("pid")],
+        ),
+        evidence,
+        {
+            "kind": kind,
+            "procs": procs,
+            "ranks": ranks,
+            "version": rep.fields.get("version"),
+            "count": rep.fields.get("dead_count" if kind == "dead" else "unreachable_count") or len(procs),
+        },
+        status="hung",
+    )
+
+
+def _outliers(comm: dict, op: str) -> dict | None:
+    """The crowd and the ranks RAS singles out, for one collective type of one communicator."""
+    groups = comm["counts"][op]["groups"]
+    if len(groups) < 2:
+        return None
+    crowd = max(groups, key=lambda g: (g["count"], g["value"]))
+    odd = [g for g in groups if g is not crowd]
+    ranks = sorted({r for g in odd for r in g["ranks"]})
+    if not ranks and crowd["ranks"] and comm.get("size"):
+        # RAS itemised the crowd, not the outliers: the outliers are the communicator's other ranks.
+        ranks = sorted(set(range(comm["size"])) - set(crowd["ranks"]))
+    if not ranks:
+        return None
+    behind = all(g["value"] < crowd["value"] for g in odd)
+    return {"crowd": crowd, "odd": odd, "ranks": ranks, "behind": behind}
+
+
+def _key(rep: LogEvent, comm: dict, op: str, o: dict) -> tuple:
+    """What must not change between two queries of a stuck communicator: every count group."""
+    return (comm.get("hash"), op, o["crowd"]["value"], tuple((g["value"], g["count"]) for g in o["odd"]))
+
+
+def _lagging(facts: Facts, reports: list[LogEvent]) -> Iterator[Match]:
+    """Per communicator and collective type: the newest report's outliers, checked against the earlier reports."""
+    newest: dict[tuple, tuple[LogEvent, dict]] = {}
+    for rep in reports:
+        for comm in rep.fields["comms"]:
+            for op in comm["counts"]:
+                newest[(comm.get("hash"), op)] = (rep, comm)
+    for (chash, op), (last, comm) in newest.items():
+        o = _outliers(comm, op)
+        if o is None:
+            continue
+        earlier = [
+            (rep, c)
+            for rep in reports[: reports.index(last)]
+            for c in rep.fields["comms"]
+            if c.get("hash") == chash and c["counts"].get(op)
+        ]
+        moved, same = False, 0
+        for rep, c in earlier:
+            prev = _outliers(c, op)
+            if prev is None or _key(rep, c, op, prev) != _key(last, comm, op, o):
+                moved = True
+            else:
+                same += 1
+        if moved:
+            continue  # the counts advance between queries: RAS caught collectives in flight, not a stall
+        glob = _global(last, comm, facts)
+        members = {r: i for g in o["odd"] for r, i in g["ranks"].items()}
+        conf = (0.8 if same else 0.5) if o["behind"] else (0.6 if same else 0.4)
+        if facts.have_stacks:
+            conf = min(conf, 0.5)  # the stacks tell what that rank does instead
+        evidence = [*comm.get("quotes", [])[:1]]
+        if comm["counts"][op].get("quote"):
+            evidence.append(comm["counts"][op]["quote"])
+        evidence += [o["crowd"]["quote"]] + [g["quote"] for g in o["odd"]]
+        evidence += [q for i in members.values() for q in [i["quote"], *i.get("quotes", [])]]
+        for _rep, c in earlier[-1:]:
+            prev = _outliers(c, op)
+            if prev:
+                evidence += [prev["crowd"]["quote"]] + [g["quote"] for g in prev["odd"]]
+        hosts = sorted({i["host"] for i in members.values() if i.get("host")})
+        yield Match(
+            "conditional_collective",
+            conf,
+            Culprit(
+                ranks=o["ranks"] if glob else [],
+                hosts=hosts,
+                gpus=[_gpu(i.get("host"), i["gpu"]) for i in members.values() if i.get("gpu")],
+                processes=[]
+                if glob
+                else [f"{i['host']} pid {i['pid']}" for i in members.values() if i.get("pid")],
+            ),
+            evidence,
+            {
+                "kind": "lagging",
+                "op": op,
+                "ranks": o["ranks"],
+                "members": members,
+                "behind": o["behind"],
+                "crowd": o["crowd"],
+                "odd": o["odd"],
+                "comm": comm,
+                "global": glob,
+                "queries": 1 + same,
+            },
+            status="hung" if same else None,
+        )
+
+
+@playbook("ncclras", order=11)
+def ncclras(facts: Facts) -> Iterator[Match]:
+    """NCCL RAS: which rank is dead, unreachable, or behind the others in a collective?"""
+    reports = facts.ev.events_of("ncclras_report")
+    if not reports:
+        return
+    # Each kind of fault from the newest report that shows it (a later query knows more: dead after unreachable).
+    dead = [
+        r
+        for r in reports
+        if r.fields["dead"] or any(i.get("dead") for c in r.fields["comms"] for i in c["missing"].values())
+    ]
+    if dead:
+        yield from _lost(facts, dead[-1], "dead")
+    else:
+        lost = [r for r in reports if r.fields["unreachable"] or any(i.get("unresponsive") for c in r.fields["comms"] for i in c["missing"].values())]  # fmt: skip
+        if lost:
+            yield from _lost(facts, lost[-1], "unresponsive")
+    yield from _lagging(facts, reports)
