@@ -172,6 +172,9 @@ class _Report:
     table: list[dict] = field(default_factory=list)
     sections: set[str] = field(default_factory=set)
     lacking: list[str] = field(default_factory=list)
+    skipped: int = (
+        0  # JSON entries not as NCCL writes them (a communicator not an object, a rank without its number)
+    )
 
     def comm(self, cid: str, chash: str | None = None) -> dict:
         c = self.comms.get(cid)
@@ -505,6 +508,7 @@ def _json_doc(doc: dict, rep: _Report, where: dict, src: Source) -> None:
     first_line = rep.first
     for ci, c in enumerate(doc["communicators"]):
         if not isinstance(c, dict):
+            rep.skipped += 1
             continue
         h = str(c.get("hash") or "")[:18]
         comm = rep.comm(f"[{ci}]", h[2:].rjust(16, "0") if h.startswith("0x") else h or None)
@@ -512,11 +516,13 @@ def _json_doc(doc: dict, rep: _Report, where: dict, src: Source) -> None:
         comm["size"] = _int_or_none(c.get("size"))
         ranks = c.get("ranks") if isinstance(c.get("ranks"), list) else []
         missing = c.get("missing_ranks") if isinstance(c.get("missing_ranks"), list) else []
+        rep.skipped += sum(1 for k in ("ranks", "missing_ranks") if not isinstance(c.get(k), list))
         quote0 = Quote(src.name, first_line.line, first_line.text)
         per_op: dict[str, dict[int, tuple[int, dict]]] = {}
         for r in ranks:
             rank = _int_or_none(r.get("rank")) if isinstance(r, dict) else None
             if rank is None:
+                rep.skipped += 1
                 continue
             w = where.get((ci, "ranks", rank), {})
             info = _json_rank(r, w, quote0)
@@ -544,6 +550,7 @@ def _json_doc(doc: dict, rep: _Report, where: dict, src: Source) -> None:
         for r in missing:
             rank = _int_or_none(r.get("rank")) if isinstance(r, dict) else None
             if rank is None:
+                rep.skipped += 1
                 continue
             w = where.get((ci, "missing_ranks", rank), {})
             info = _json_rank(r, w, quote0)
@@ -653,5 +660,11 @@ def _emit(rep: _Report, src: Source, ev: Evidence) -> None:
     ev.events.append(LogEvent("ncclras_report", rep.first, host=src.host, fields=fields))
     # The nodes RAS names are addresses (ncclSocketToHost), not the names hangdx reached the hosts by: they are
     # quoted in findings, never added to the job's hosts.
+    if rep.skipped:
+        ev.gap(
+            src.name,
+            f"ncclras JSON: {rep.skipped} entr{'ies' if rep.skipped != 1 else 'y'} not laid out as NCCL writes them "
+            "(a communicator, a rank list or a rank without its number): skipped",
+        )
     if rep.lacking:
         ev.gap(src.name, "ncclras report read, but it lacks " + "; ".join(rep.lacking) + " (cut short?)")
