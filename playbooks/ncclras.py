@@ -8,8 +8,8 @@ RAS sees every rank of the job in one query, with nothing installed in the job:
   says a difference that persists across queries is a stuck communicator, one that moves is normal: two reports
   with the same counts make the finding sure, counts that moved drop it. This is the flowchart's "a rank never
   issued the collective the others reached" (conditional_collective), as playbooks/flowchart.py's
-  sequence_divergence concludes from Flight Recorder; live stacks, when there are any, say more about what that
-  rank does instead, so this finding then stands back.
+  sequence_divergence concludes from Flight Recorder; a live stack of that rank, when there is
+  one, says more about what it does instead, so this finding then stands back.
 Ranks of the job's largest communicator are taken as global ranks; a smaller communicator's are named as its own.
 The words live in templates/ncclras.j2.
 """
@@ -105,6 +105,20 @@ def _lost(facts: Facts, rep: LogEvent, kind: str) -> Iterator[Match]:
     )
 
 
+def _shows(rep: LogEvent, kind: str) -> bool:
+    listed = rep.fields["dead" if kind == "dead" else "unreachable"]
+    return bool(listed) or any(i.get(kind) for c in rep.fields["comms"] for i in c["missing"].values())
+
+
+def _merged(matches: list[Match]) -> Match:
+    """The newest report's finding, quoting the text reports first (easier to read than JSON), then the rest."""
+    base = matches[-1]
+    text = [q for m in matches for q in m.evidence if not q.text.lstrip().startswith('"')]
+    other = [q for m in matches for q in m.evidence if q.text.lstrip().startswith('"')]
+    base.evidence = text + other
+    return base
+
+
 def _outliers(comm: dict, op: str) -> dict | None:
     """The crowd and the ranks RAS singles out, for one collective type of one communicator."""
     groups = comm["counts"][op]["groups"]
@@ -156,8 +170,8 @@ def _lagging(facts: Facts, reports: list[LogEvent]) -> Iterator[Match]:
         glob = _global(last, comm, facts)
         members = {r: i for g in o["odd"] for r, i in g["ranks"].items()}
         conf = (0.8 if same else 0.5) if o["behind"] else (0.6 if same else 0.4)
-        if facts.have_stacks:
-            conf = min(conf, 0.5)  # the stacks tell what that rank does instead
+        if any(facts.ranks[r].stacks for r in o["ranks"] if glob and r in facts.ranks):
+            conf = min(conf, 0.5)  # that rank's live stack tells what it does instead: its playbooks say more
         evidence = [*comm.get("quotes", [])[:1]]
         if comm["counts"][op].get("quote"):
             evidence.append(comm["counts"][op]["quote"])
@@ -202,16 +216,10 @@ def ncclras(facts: Facts) -> Iterator[Match]:
     reports = facts.ev.events_of("ncclras_report")
     if not reports:
         return
-    # Each kind of fault from the newest report that shows it (a later query knows more: dead after unreachable).
-    dead = [
-        r
-        for r in reports
-        if r.fields["dead"] or any(i.get("dead") for c in r.fields["comms"] for i in c["missing"].values())
-    ]
-    if dead:
-        yield from _lost(facts, dead[-1], "dead")
-    else:
-        lost = [r for r in reports if r.fields["unreachable"] or any(i.get("unresponsive") for c in r.fields["comms"] for i in c["missing"].values())]  # fmt: skip
-        if lost:
-            yield from _lost(facts, lost[-1], "unresponsive")
+    # Each kind of fault from the reports that show it, worded from the newest (a later query knows more).
+    for kind in ("dead", "unresponsive"):
+        shown = [r for r in reports if _shows(r, kind)]
+        if shown:
+            yield _merged([m for r in shown for m in _lost(facts, r, kind)])
+            break  # a dead process was unreachable first: the surer word is enough
     yield from _lagging(facts, reports)
