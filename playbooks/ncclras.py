@@ -3,6 +3,8 @@
 RAS sees every rank of the job in one query, with nothing installed in the job:
 - a process RAS declared dead (unreachable for 60 s) is a crashed rank: its peers wait for it (rank_crashed);
 - a process RAS could not reach at all (stopped, frozen, its node gone) is the same fault caught earlier;
+- a rank whose communicator reports an asynchronous or initialization error: a CUDA error is its GPU's fault,
+  a system or remote error the network's (unless a peer is dead or unreachable: then that peer is the cause);
 - in one communicator, ranks whose count of a collective type differs from the crowd: the ranks RAS singles out
   have not launched the collective the others wait in (or launched one the others never will). NVIDIA's guide
   says a difference that persists across queries is a stuck communicator, one that moves is normal: two reports
@@ -210,6 +212,65 @@ def _lagging(facts: Facts, reports: list[LogEvent]) -> Iterator[Match]:
         )
 
 
+# What an error a rank reports to RAS says (ncclResult_t as ncclErrorToString words it). Timeouts and the other
+# results (internal error, invalid argument or usage) name no fault of the GPU or the fabric: no finding.
+_ERROR_CATEGORY = {
+    "Unhandled CUDA error": ("gpu_fault", 0.6),
+    "System error": ("network_fault", 0.45),
+    "Remote process error": ("network_fault", 0.45),
+}
+
+
+def _errors(facts: Facts, reports: list[LogEvent], lost: bool) -> Iterator[Match]:
+    """Ranks whose communicator reports an initialization or asynchronous NCCL error, newest report first."""
+    seen: set[tuple] = set()
+    for rep in reversed(reports):
+        for comm in rep.fields["comms"]:
+            for err in comm["errors"]:
+                cat = _ERROR_CATEGORY.get(err["error"])
+                if cat is None or (lost and cat[0] == "network_fault"):
+                    continue  # a remote error while a peer is dead or unreachable: the peer is the cause
+                key = (comm.get("hash"), err["error"], err["kind"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                glob = _global(rep, comm, facts)
+                members = err["ranks"]
+                ranks = sorted(members)
+                yield Match(
+                    cat[0],
+                    cat[1],
+                    Culprit(
+                        ranks=ranks if glob else [],
+                        hosts=sorted({i["host"] for i in members.values() if i.get("host")}),
+                        gpus=[_gpu(i.get("host"), i["gpu"]) for i in members.values() if i.get("gpu")],
+                        processes=[]
+                        if glob
+                        else [f"{i['host']} pid {i['pid']}" for i in members.values() if i.get("pid")],
+                    ),
+                    [
+                        q
+                        for q in [
+                            *comm.get("quotes", [])[:1],
+                            err.get("head"),
+                            err["quote"],
+                            *(x for i in members.values() for x in [i["quote"], *i.get("quotes", [])]),
+                        ]
+                        if q
+                    ],  # fmt: skip
+                    {
+                        "kind": "error",
+                        "error": err["error"],
+                        "when": err["kind"],
+                        "ranks": ranks,
+                        "members": members,
+                        "count": err["count"],
+                        "comm": comm,
+                        "global": glob,
+                    },  # fmt: skip
+                )
+
+
 @playbook("ncclras", order=11)
 def ncclras(facts: Facts) -> Iterator[Match]:
     """NCCL RAS: which rank is dead, unreachable, or behind the others in a collective?"""
@@ -217,9 +278,12 @@ def ncclras(facts: Facts) -> Iterator[Match]:
     if not reports:
         return
     # Each kind of fault from the reports that show it, worded from the newest (a later query knows more).
+    lost = False
     for kind in ("dead", "unresponsive"):
         shown = [r for r in reports if _shows(r, kind)]
         if shown:
+            lost = True
             yield _merged([m for r in shown for m in _lost(facts, r, kind)])
             break  # a dead process was unreachable first: the surer word is enough
+    yield from _errors(facts, reports, lost)
     yield from _lagging(facts, reports)

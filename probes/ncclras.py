@@ -146,11 +146,19 @@ def parse(data: bytes, src: Source, ev: Evidence) -> None:
     if looks_binary(data[:8192]):
         ev.gap(src.name, "binary content, not an ncclras report: skipped")
         return
-    text = decode(data)
-    if text.lstrip()[:1] == "{":
-        _parse_json(text, src, ev)
+    if data.lstrip()[:1] == b"{":
+        # A JSON report is read whole (decode() keeps a huge log's tail only).
+        _parse_json(data.decode("utf-8", errors="replace").replace("\x00", ""), src, ev)
         return
-    parse_lines(list(enumerate(text.splitlines(), 1)), src, ev)
+    parse_lines(list(enumerate(_lines(decode(data)), 1)), src, ev)
+
+
+def _lines(text: str) -> list[str]:
+    """Numbered as an editor numbers them, as every parser's quotes are (probes/text.py's lines)."""
+    out = text.split("\n")
+    if out and out[-1] == "":
+        out.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in out]
 
 
 # -- the text form ------------------------------------------------------------------------------------------
@@ -299,11 +307,11 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             continue
         if block == "ERROR":
             if (m := _ERRORS_ON.match(s)) is not None:
-                op_counts = {"kind": m.group(1).lower()}
+                op_counts = {"kind": m.group(1).lower(), "head": q}
                 group = None
             elif (m := _GROUP_ERROR.match(s)) is not None and op_counts is not None:
                 group = {"error": m.group(2), "count": int(m.group(1)), "ranks": {}, "quote": q}
-                comm["errors"].append({**group, "kind": op_counts["kind"]})
+                comm["errors"].append({**group, "kind": op_counts["kind"], "head": op_counts["head"]})
                 group = comm["errors"][-1]
             elif (m := _ONE_ERROR.match(s)) is not None and op_counts is not None:
                 comm["errors"].append(
@@ -311,6 +319,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                         "error": m.group("error"),
                         "count": 1,
                         "kind": op_counts["kind"],
+                        "head": op_counts["head"],
                         "ranks": {int(m.group("rank")): {**_where(m), "quote": q}},
                         "quote": q,
                     }
@@ -413,7 +422,7 @@ def _parse_json(text: str, src: Source, ev: Evidence) -> None:
         problem = f"{type(e).__name__}: {e}"
     else:
         problem = ""
-    lines = text.splitlines()
+    lines = _lines(text)
     rep = _Report("json", Quote(src.name, 1, lines[0][:300] if lines else ""))
     where = _json_lines(lines, src, rep)  # comms read from the lines, with the quotes
     if isinstance(doc, dict):
@@ -504,7 +513,7 @@ def _json_doc(doc: dict, rep: _Report, where: dict, src: Source) -> None:
     ras = doc.get("ras") if isinstance(doc.get("ras"), dict) else {}
     rep.timeouts = _int_or_none(ras.get("timeouts_count")) or 0
     rep.lacking = []
-    rep.comms = {}
+    walked, rep.comms = rep.comms, {}
     first_line = rep.first
     for ci, c in enumerate(doc["communicators"]):
         if not isinstance(c, dict):
@@ -513,6 +522,7 @@ def _json_doc(doc: dict, rep: _Report, where: dict, src: Source) -> None:
         h = str(c.get("hash") or "")[:18]
         comm = rep.comm(f"[{ci}]", h[2:].rjust(16, "0") if h.startswith("0x") else h or None)
         comm["index"] = ci
+        comm["quotes"] = walked.get(f"[{ci}]", {}).get("quotes", [])
         comm["size"] = _int_or_none(c.get("size"))
         ranks = c.get("ranks") if isinstance(c.get("ranks"), list) else []
         missing = c.get("missing_ranks") if isinstance(c.get("missing_ranks"), list) else []
@@ -535,7 +545,12 @@ def _json_doc(doc: dict, rep: _Report, where: dict, src: Source) -> None:
                             "error": _NCCL_RESULT.get(code, f"ncclResult {code}"),
                             "kind": what,
                             "count": 1,
-                            "ranks": {rank: info},
+                            "ranks": {
+                                rank: {
+                                    **info,
+                                    "quotes": [x for x in (_line_of(w, "host"), _line_of(w, "pid")) if x],
+                                }
+                            },
                             "quote": _line_of(w, key) or info["quote"],
                         }
                     )

@@ -129,6 +129,7 @@ def test_real_issue_1911_names_the_two_ranks_ras_singles_out():
     assert set(f.culprit.gpus) == {"10.137.190.124:GPU 4", "10.137.190.124:GPU 5"}
     assert "launched AllGather #641 and wait in it" in f.summary and "only up to #640" in f.summary
     assert f.confidence < 0.5  # ahead of the crowd, one query: the culprit is not sure
+    assert "issue an AllGather the other ranks never do" in f.fix
     assert "  Rank 12 -- GPU 4 managed by process 323032 on node 10.137.190.124" in _texts(f)
 
 
@@ -198,3 +199,29 @@ def test_hangdx_analyze_on_a_saved_report_gives_the_verdict(tmp_path):
     assert rc["culprit"]["gpus"] == ["10.0.0.13:GPU 1"]
     ev_lines = [e["text"] for e in doc["findings"][0]["evidence"]]
     assert "  Process 48215 on node 10.0.0.13 managing GPU 1" in ev_lines
+
+
+@pytest.mark.parametrize("name", ["gen_async_error_2.29.7.txt", "gen_async_error_2.29.7.json"])
+def test_cuda_error_reported_to_ras_is_that_rank_gpus_fault(name):
+    _, v = _verdict(name)
+    f = _ras(v)[0]
+    assert f.category == "gpu_fault" and f.culprit.ranks == [6] and f.culprit.gpus == ["10.0.0.13:GPU 2"]
+    assert "Unhandled CUDA error" in f.summary and "xid" in f.fix.lower()
+    want = (
+        "  Rank 6 reported Unhandled CUDA error -- GPU 2 managed by process 48216 on node 10.0.0.13"
+        if name.endswith(".txt")
+        else '            "async_error": 1,'
+    )
+    assert want in _texts(f)
+
+
+def test_remote_errors_while_a_rank_is_dead_blame_the_dead_rank_only():
+    dead = (FIX / "gen_dead_2.29.7.txt").read_text()
+    errors = (
+        (FIX / "gen_async_error_2.29.7.txt")
+        .read_text()
+        .replace("Unhandled CUDA error", "Remote process error")
+    )
+    _, v = _verdict("both.txt", data=(errors + dead).encode())
+    cats = {f.category for f in _ras(v)}
+    assert cats == {"rank_crashed"}
