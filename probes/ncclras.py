@@ -130,10 +130,15 @@ def sniff(head: bytes) -> int:
     return 0
 
 
+# Every line of every text meets claims(): how a report's lines begin rules out nearly all others at once.
+_STARTS = ("Rank ", "Process ", "Communicator", "NCCL version ", "Missing ", "Encountered ", "Group ", "Job summary",
+           "The missing ", "#")  # fmt: skip
+
+
 def claims(line: str) -> int:
     """How surely one line is part of an ncclras report (see probes/reader.py)."""
     s = line.strip()
-    if not s or len(s) > 400:
+    if not s or len(s) > 400 or not (s[0].isdigit() or s.startswith(_STARTS)):
         return 0
     if s in ("Job summary", "Communicators...") or _TABLE_HEAD.match(s):
         return 9
