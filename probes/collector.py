@@ -877,6 +877,17 @@ def ncclras_reports(procs: list, add, errors: list) -> None:
         if out and out.strip():
             texts.append(out)
             add(name, "ncclras", out)
+            named = {int(x) for x in re.findall(r'"pid": (\d{1,10})', out)} if "json" in argv else set()
+            if named and not named & {p["pid"] for p in procs}:
+                # RAS answers for the job of whichever NCCL process holds the port: say so when it is not this one.
+                errors.append(
+                    {
+                        "source": "ncclras",
+                        "message": "the RAS report names none of this job's processes on this node (pids %s): "
+                        "another job's NCCL may hold the RAS port, or the ranks run in their own PID namespace"
+                        % ", ".join(str(p["pid"]) for p in procs[:8]),
+                    }
+                )
         elif i and texts:
             # An ncclras older than 2.28.7 has no -f: the second query is the text form again.
             out, err, _ = run_capped(base + ["-v"], NCCLRAS_TIMEOUT, NCCLRAS_MAX_BYTES)

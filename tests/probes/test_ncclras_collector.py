@@ -98,11 +98,27 @@ def test_collector_brings_back_ncclras_text_and_json_and_the_verdict_names_the_d
     assert set(ras) == {"ncclras.txt", "ncclras.json"}
     assert ras["ncclras.txt"]["data"] == (FIX / "gen_dead_2.29.7.txt").read_text()
     assert log.read_text().splitlines() == ["-t 5 -v", "-t 5 -f json"]  # the fixed argv, nothing else
+    # The recorded report's pids are not this job's: the collector says so, and keeps the report.
+    assert any("names none of this job's processes" in e["message"] for e in doc["errors"])
     ev = evidence_from_documents([doc], job_id=job_id)
     v = engine.run(ev)
     f = next(f for f in v.findings if f.playbook == "ncclras")
     assert f.category == "rank_crashed" and f.culprit.ranks == [5] and "10.0.0.13" in f.culprit.hosts
     assert "  Process 48215 on node 10.0.0.13 managing GPU 1" in [q.text for q in f.evidence]
+
+
+def test_a_report_naming_this_jobs_pid_raises_no_doubt(tmp_path, monkeypatch, job):
+    job_id = job()
+    pid = collector.find_job_processes(job_id)[0][0]["pid"]
+    mine = tmp_path / "mine.json"
+    mine.write_text((FIX / "gen_dead_2.29.7.json").read_text().replace('"pid": 48210,', f'"pid": {pid},'))
+    bindir, _ = _standin(tmp_path)
+    script = bindir / "ncclras"
+    script.write_text(script.read_text().replace(str(FIX / "gen_dead_2.29.7.json"), str(mine)))
+    _on_path(monkeypatch, bindir)
+    doc = collector.collect(job_id, samples=1, interval=0.1, hardware=False)
+    assert [a["name"] for a in doc["artifacts"] if a["kind"] == "ncclras"] == ["ncclras.txt", "ncclras.json"]
+    assert not [e for e in doc["errors"] if e["source"] == "ncclras"]
 
 
 def test_two_queries_with_the_same_counts_make_the_lagging_rank_sure(tmp_path, monkeypatch, job):
@@ -160,7 +176,9 @@ def test_nccl_ras_addr_from_the_job_is_used_only_as_an_ip_and_port(tmp_path, mon
     _on_path(monkeypatch, bindir)
     doc = collector.collect(job({"NCCL_RAS_ADDR": addr}), samples=1, interval=0.1, hardware=False)
     assert log.read_text().splitlines()[0] == argv
-    refused = [e["message"] for e in doc["errors"] if e["source"] == "ncclras"]
+    refused = [
+        e["message"] for e in doc["errors"] if e["source"] == "ncclras" and "NCCL_RAS_ADDR" in e["message"]
+    ]
     assert bool(refused) == (argv == "-t 5 -v")
 
 
