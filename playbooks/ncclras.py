@@ -45,7 +45,7 @@ def _procs(rep: LogEvent, facts: Facts, kind: str) -> list[dict]:
     listed = rep.fields["dead" if kind == "dead" else "unreachable"]
     out: list[dict] = []
     for p in listed:
-        out.append({**p, "ranks": [], "comm_ranks": [], "rank_quotes": []})
+        out.append({**p, "ranks": [], "comm_ranks": [], "rank_quotes": [], "inferred": False, "comm": None})
     for comm in rep.fields["comms"]:
         for r, info in sorted(comm["missing"].items()):
             if not info.get(kind):
@@ -54,7 +54,7 @@ def _procs(rep: LogEvent, facts: Facts, kind: str) -> list[dict]:
             proc = next((p for p in out if (p["host"], p["pid"]) == key), None)
             if proc is None:
                 proc = {"pid": info.get("pid"), "host": info.get("host"), "gpus": info.get("gpu"), "quote": None,
-                        "ranks": [], "comm_ranks": [], "rank_quotes": []}  # fmt: skip
+                        "ranks": [], "comm_ranks": [], "rank_quotes": [], "inferred": False, "comm": None}  # fmt: skip
                 out.append(proc)
             if _global(rep, comm, facts):
                 proc["ranks"].append(r)

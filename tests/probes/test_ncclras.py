@@ -225,3 +225,13 @@ def test_remote_errors_while_a_rank_is_dead_blame_the_dead_rank_only():
     _, v = _verdict("both.txt", data=(errors + dead).encode())
     cats = {f.category for f in _ras(v)}
     assert cats == {"rank_crashed"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIX.iterdir() if p.suffix in (".txt", ".json")))
+def test_every_cut_of_a_report_gives_a_verdict_never_a_failure(name):
+    data = (FIX / name).read_bytes()
+    for cut in range(1, len(data), max(1, len(data) // 20)):
+        ev, v = _verdict(name, data=data[:cut])
+        assert not [g for g in ev.gaps if g.source.startswith("playbook")], (cut, ev.gaps)
+        for f in _ras(v):  # what a cut report still names, it names from lines it holds
+            assert all(q.line <= data[:cut].count(b"\n") + 1 for q in f.evidence)
