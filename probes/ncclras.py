@@ -124,8 +124,11 @@ def sniff(head: bytes) -> int:
     if head.lstrip()[:1] == b"{":
         return 95 if all(k in head[:4096] for k in _JSON_KEYS) else 0
     text = head[:32768].decode("utf-8", errors="replace")
-    own = sum(1 for ln in text.splitlines() if claims(ln))
-    if own >= 2 and ("Job summary" in text or "Communicators..." in text or _COMM.search(text)):
+    rows = text.splitlines()
+    own = sum(1 for ln in rows if claims(ln))
+    if own >= 2 and (
+        "Job summary" in text or "Communicators..." in text or any(_COMM.match(ln.strip()) for ln in rows)
+    ):
         return 92
     return 0
 
