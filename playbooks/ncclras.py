@@ -36,6 +36,12 @@ def _global(rep: LogEvent, comm: dict, facts: Facts) -> bool:
     return size == max((c.get("size") or 0) for c in rep.fields["comms"])
 
 
+def _host(facts: Facts, ranks: list[int], addr: str | None, glob: bool = True) -> str | None:
+    """The name hangdx knows the rank's host by (its probes, its logs), else the address RAS gives."""
+    names = {h for r in ranks if (h := facts.host_of(r))} if glob else set()
+    return next(iter(names)) if len(names) == 1 else addr
+
+
 def _gpu(host: str | None, gpu: str | None) -> str:
     return f"{host}:GPU {gpu}" if host else f"GPU {gpu}"
 
@@ -85,14 +91,19 @@ def _lost(facts: Facts, rep: LogEvent, kind: str) -> Iterator[Match]:
             ]
     if rep.fields.get("timeout_quote") and rep.fields.get("timeouts"):
         evidence.append(rep.fields["timeout_quote"])
-    hosts = sorted({p["host"] for p in procs if p.get("host")})
+    hosts = sorted({h for p in procs if (h := _host(facts, p["ranks"], p.get("host")))})
     yield Match(
         "rank_crashed",
         (0.86 if kind == "dead" else 0.62) - (0.06 if any(p.get("inferred") for p in procs) else 0.0),
         Culprit(
             ranks=ranks,
             hosts=hosts,
-            gpus=[_gpu(p.get("host"), g) for p in procs if p.get("gpus") for g in str(p["gpus"]).split(",")],
+            gpus=[
+                _gpu(_host(facts, p["ranks"], p.get("host")), g)
+                for p in procs
+                if p.get("gpus")
+                for g in str(p["gpus"]).split(",")
+            ],  # fmt: skip
             processes=[] if ranks else [f"{p['host']} pid {p['pid']}" for p in procs if p.get("pid")],
         ),
         evidence,
@@ -183,14 +194,18 @@ def _lagging(facts: Facts, reports: list[LogEvent]) -> Iterator[Match]:
             prev = _outliers(c, op)
             if prev:
                 evidence += [prev["crowd"]["quote"]] + [g["quote"] for g in prev["odd"]]
-        hosts = sorted({i["host"] for i in members.values() if i.get("host")})
+        hosts = sorted({h for r, i in members.items() if (h := _host(facts, [r], i.get("host"), glob))})
         yield Match(
             "conditional_collective",
             conf,
             Culprit(
                 ranks=o["ranks"] if glob else [],
                 hosts=hosts,
-                gpus=[_gpu(i.get("host"), i["gpu"]) for i in members.values() if i.get("gpu")],
+                gpus=[
+                    _gpu(_host(facts, [r], i.get("host"), glob), i["gpu"])
+                    for r, i in members.items()
+                    if i.get("gpu")
+                ],
                 processes=[]
                 if glob
                 else [f"{i['host']} pid {i['pid']}" for i in members.values() if i.get("pid")],
@@ -242,8 +257,14 @@ def _errors(facts: Facts, reports: list[LogEvent], lost: bool) -> Iterator[Match
                     cat[1],
                     Culprit(
                         ranks=ranks if glob else [],
-                        hosts=sorted({i["host"] for i in members.values() if i.get("host")}),
-                        gpus=[_gpu(i.get("host"), i["gpu"]) for i in members.values() if i.get("gpu")],
+                        hosts=sorted(
+                            {h for r, i in members.items() if (h := _host(facts, [r], i.get("host"), glob))}
+                        ),
+                        gpus=[
+                            _gpu(_host(facts, [r], i.get("host"), glob), i["gpu"])
+                            for r, i in members.items()
+                            if i.get("gpu")
+                        ],
                         processes=[]
                         if glob
                         else [f"{i['host']} pid {i['pid']}" for i in members.values() if i.get("pid")],

@@ -235,3 +235,16 @@ def test_every_cut_of_a_report_gives_a_verdict_never_a_failure(name):
         assert not [g for g in ev.gaps if g.source.startswith("playbook")], (cut, ev.gaps)
         for f in _ras(v):  # what a cut report still names, it names from lines it holds
             assert all(q.line <= data[:cut].count(b"\n") + 1 for q in f.evidence)
+
+
+def test_culprit_host_is_the_name_hangdx_knows_the_rank_by_not_the_ras_address():
+    from hangdx.playbooks import ncclras as playbook
+    from hangdx.playbooks.facts import derive
+
+    facts = derive(_read("gen_lagging_twice_2.29.7.txt"))
+    assert [m.culprit.hosts for m in playbook.ncclras(facts)] == [
+        ["10.0.0.12"]
+    ]  # RAS's address, nothing else
+    facts.missing_hosts[3] = "gpu-node-01"  # where hangdx's own evidence put rank 3
+    (m,) = playbook.ncclras(facts)
+    assert m.culprit.hosts == ["gpu-node-01"] and m.culprit.gpus == ["gpu-node-01:GPU 3"]
