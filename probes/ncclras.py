@@ -483,13 +483,16 @@ def _json_lines(lines: list[str], src: Source, rep: _Report) -> dict[tuple[int, 
             array = key
         elif key == "rank" and ci >= 0 and array:
             try:
-                cur = where.setdefault((ci, array, int(val)), {"rank": int(val), "lines": [q], "counts": {}})
+                cur = where.setdefault(
+                    (ci, array, int(val)), {"rank": int(val), "lines": [q], "counts": {}, "at": {"rank": q}}
+                )
             except ValueError:
                 cur = None
         elif key == "collective_counts":
             in_counts = True
         elif cur is not None:
             cur["lines"].append(q)
+            cur["at"].setdefault(key, q)
             if in_counts:
                 try:
                     cur["counts"][key] = int(val)
@@ -629,10 +632,8 @@ _NCCL_RESULT = {
 
 
 def _line_of(w: dict, key: str) -> Quote | None:
-    for q in w.get("lines", []):
-        if q.text.strip().startswith(f'"{key}"'):
-            return q
-    return None
+    """The line a rank's field was on (its first, should a key repeat)."""
+    return w.get("at", {}).get(key)
 
 
 def _json_rank(r: dict, w: dict, fallback: Quote) -> dict:

@@ -248,3 +248,23 @@ def test_culprit_host_is_the_name_hangdx_knows_the_rank_by_not_the_ras_address()
     facts.missing_hosts[3] = "gpu-node-01"  # where hangdx's own evidence put rank 3
     (m,) = playbook.ncclras(facts)
     assert m.culprit.hosts == ["gpu-node-01"] and m.culprit.gpus == ["gpu-node-01:GPU 3"]
+
+
+def test_a_2048_rank_json_report_names_the_dead_and_the_lagging_rank(monkeypatch):
+    sys.path.insert(0, str(FIX))
+    try:
+        import generate  # the fixture generator: NCCL's JSON format strings
+    finally:
+        sys.path.remove(str(FIX))
+    n = 2048
+    monkeypatch.setattr(
+        generate, "RANKS", {r: (f"10.1.{r // 8 // 256}.{r // 8 % 256}", 70000 + r, r % 8) for r in range(n)}
+    )
+    doc = generate.json_report(
+        {r: (99 if r == 1500 else 100) for r in range(n) if r != 777}, {777: (True, True)}, "t"
+    )
+    _, v = _verdict("big.json", data=doc.encode())
+    got = {(f.category, tuple(f.culprit.ranks)) for f in _ras(v)}
+    assert got == {("rank_crashed", (777,)), ("conditional_collective", (1500,))}
+    dead = next(f for f in _ras(v) if f.category == "rank_crashed")
+    assert dead.culprit.hosts == ["10.1.0.97"] and dead.culprit.gpus == ["10.1.0.97:GPU 1"]
