@@ -64,11 +64,11 @@ def _standin(tmp_path: Path, mode: str = "normal", kind: str = "dead") -> tuple[
 
 @pytest.fixture
 def job(tmp_path):
-    """Two sleeping 'ranks' of an 8-rank job (ranks 0 and 1 on this node)."""
+    """Sleeping 'ranks' of an 8-rank job on this node (ranks 0 and 1 unless told)."""
 
-    def start(extra_env: dict | None = None):
+    def start(extra_env: dict | None = None, ranks: tuple[int, ...] = (0, 1)):
         job_id = f"t-{uuid.uuid4().hex[:8]}"
-        for rank in range(2):
+        for rank in ranks:
             env = dict(os.environ, HANGDX_JOB_ID=job_id, RANK=str(rank), WORLD_SIZE="8", LOCAL_RANK=str(rank))
             env.update(extra_env or {})
             procs.append(subprocess.Popen([sys.executable, "-c", SLEEPER], env=env))
@@ -195,3 +195,12 @@ def test_no_ncclras_on_the_node_is_quiet(monkeypatch, job):
     doc = collector.collect(job(), samples=1, interval=0.1, hardware=False)
     assert not [a for a in doc["artifacts"] if a["kind"] == "ncclras"]
     assert not [e for e in doc["errors"] if e["source"] == "ncclras"]
+
+
+def test_only_the_nodes_of_the_first_and_last_rank_ask(tmp_path, monkeypatch, job):
+    bindir, log = _standin(tmp_path)
+    _on_path(monkeypatch, bindir)
+    collector.collect(job(ranks=(3, 4)), samples=1, interval=0.1, hardware=False)
+    assert not log.exists()  # ranks 3 and 4 of 8: another node asks for the whole job
+    collector.collect(job(ranks=(6, 7)), samples=1, interval=0.1, hardware=False)
+    assert log.read_text().splitlines() == ["-t 5 -v", "-t 5 -f json"]  # rank 7 is the last
