@@ -67,6 +67,7 @@ def playbooks() -> list[Playbook]:
         horovod,
         measured,
         nccl_logs,
+        ncclras,
         p2p_bandwidth,
         partial,
         process_reports,

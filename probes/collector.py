@@ -521,6 +521,8 @@ _KEPT_ENV = (
     "TORCH_WORKER_SERVER_SOCKET",
     "TORCH_DISTRIBUTED_DEBUG",
     "CUDA_VISIBLE_DEVICES",
+    "NCCL_RAS_ENABLE",
+    "NCCL_RAS_ADDR",
     "SLURM_JOB_ID",
     "SLURM_PROCID",
     "TORCHELASTIC_RUN_ID",
@@ -756,6 +758,143 @@ def _run(cmd: list[str], timeout: float = CMD_TIMEOUT) -> tuple[str | None, str 
     return text, None
 
 
+NCCLRAS_TIMEOUT = 15.0  # ncclras -t 5: 1 s to connect, 5 s for the RAS collective, 5 s more (client.cc)
+NCCLRAS_MAX_BYTES = 8 << 20  # a JSON report is ~0.6 KB a rank: 8 MiB holds a 10,000-rank job's communicators
+NCCLRAS_PAUSE = 2.0  # between the two queries: counts that stay put across them are a stuck communicator
+
+
+def run_capped(cmd: list, timeout: float, limit: int):
+    """(stdout, error, cut) of a fixed command, its output read up to `limit` bytes (the command is ended then)."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        return None, "%s could not run: %s" % (cmd[0], e), False
+    out = bytearray()
+    err = bytearray()
+    cut = [False]
+
+    def pump(stream, buf, cap):
+        while True:
+            chunk = stream.read(65536)
+            if not chunk:
+                return
+            if len(buf) < cap:
+                buf.extend(chunk[: cap - len(buf)])
+            if len(buf) >= cap and stream is proc.stdout:
+                cut[0] = True
+                proc.kill()
+                return
+
+    readers = [
+        threading.Thread(target=pump, args=(proc.stdout, out, limit), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, err, 4096), daemon=True),
+    ]
+    for t in readers:
+        t.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        for t in readers:
+            t.join(timeout=2)
+        text = out.decode("utf-8", "replace")
+        return (text or None), "%s did not finish within %ds" % (" ".join(cmd), timeout), True
+    for t in readers:
+        t.join(timeout=2)
+    text = out.decode("utf-8", "replace")
+    if proc.returncode != 0 and not cut[0] and not text.strip():
+        lines = err.decode("utf-8", "replace").strip().splitlines()
+        return (
+            None,
+            "%s failed: %s" % (" ".join(cmd), lines[-1] if lines else "exit status %d" % proc.returncode),
+            False,
+        )
+    return text, None, cut[0]
+
+
+def _ras_address(procs: list) -> tuple:
+    """(host, port) from the job's NCCL_RAS_ADDR when it is an IP literal (or localhost) and a port; else None.
+
+    The job's environment is not trusted text: anything else is refused, never passed on to ncclras."""
+    import ipaddress
+
+    for p in procs:
+        addr = (p.get("env") or {}).get("NCCL_RAS_ADDR")
+        if not addr:
+            continue
+        m = re.fullmatch(r"\[?([0-9A-Za-z.:]{1,45}?)\]?:(\d{1,5})", addr.strip())
+        if m is None:
+            return None, "NCCL_RAS_ADDR %r is not host:port" % addr[:80]
+        host, port = m.group(1), int(m.group(2))
+        if host != "localhost":
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                return None, "NCCL_RAS_ADDR %r: only an IP address or localhost is queried" % addr[:80]
+        if not 0 < port < 65536:
+            return None, "NCCL_RAS_ADDR %r: no such port" % addr[:80]
+        return (host, port), None
+    return None, None
+
+
+def ncclras_reports(procs: list, add, errors: list) -> None:
+    """NCCL RAS's view of the whole job (NCCL >= 2.24): `ncclras -v` and `ncclras -f json`, a few seconds apart.
+
+    Any process of the job answers for all of its ranks, so only the nodes of the job's first and last rank ask
+    (two queries per job, whatever its size; the last rank's node still asks when rank 0 is gone)."""
+    ranks = [p["rank"] for p in procs if p.get("rank") is not None]
+    sizes = [p["world_size"] for p in procs if p.get("world_size")]
+    if not ranks or not (0 in ranks or (sizes and sizes[0] - 1 in ranks)):
+        return
+    if all((p.get("env") or {}).get("NCCL_RAS_ENABLE") == "0" for p in procs):
+        errors.append(
+            {"source": "ncclras", "message": "NCCL RAS is off in this job (NCCL_RAS_ENABLE=0): not queried"}
+        )
+        return
+    where, problem = _ras_address(procs)
+    if problem:
+        errors.append({"source": "ncclras", "message": problem + "; queried the default address"})
+    base = ["ncclras", "-t", "5"]
+    if where:
+        base += ["-h", where[0], "-p", str(where[1])]
+    texts = []
+    for i, (name, argv) in enumerate(
+        (("ncclras.txt", base + ["-v"]), ("ncclras.json", base + ["-f", "json"]))
+    ):
+        if i:
+            time.sleep(NCCLRAS_PAUSE)
+        out, err, cut = run_capped(argv, NCCLRAS_TIMEOUT, NCCLRAS_MAX_BYTES)
+        if err and not (i and texts and "json" in argv and "failed" in err):
+            errors.append({"source": "ncclras", "message": err})
+        if cut and not err:
+            errors.append(
+                {
+                    "source": "ncclras",
+                    "message": "%s printed more than %d bytes: cut there" % (name, NCCLRAS_MAX_BYTES),
+                }
+            )
+        if out and out.strip():
+            texts.append(out)
+            add(name, "ncclras", out)
+            named = {int(x) for x in re.findall(r'"pid": (\d{1,10})', out)} if "json" in argv else set()
+            if named and not named & {p["pid"] for p in procs}:
+                # RAS answers for the job of whichever NCCL process holds the port: say so when it is not this one.
+                errors.append(
+                    {
+                        "source": "ncclras",
+                        "message": "the RAS report names none of this job's processes on this node (pids %s): "
+                        "another job's NCCL may hold the RAS port, or the ranks run in their own PID namespace"
+                        % ", ".join(str(p["pid"]) for p in procs[:8]),
+                    }
+                )
+        elif i and texts:
+            # An ncclras older than 2.28.7 has no -f: the second query is the text form again.
+            out, err, _ = run_capped(base + ["-v"], NCCLRAS_TIMEOUT, NCCLRAS_MAX_BYTES)
+            if out and out.strip():
+                add("ncclras-2.txt", "ncclras", out)
+
+
 def fetch_fr_trace(socket_path: str, timeout: float = 5.0) -> tuple[str | None, str | None]:
     """A live rank's Flight Recorder as JSON, from torch's control plane (worker_main's unix socket)."""
     import http.client
@@ -836,6 +975,12 @@ def collect(
         host_thread = threading.Thread(target=_collect_host, args=(host, add, errors), daemon=True)
         host_thread.start()
 
+    ras_thread = None
+    if procs and shutil.which("ncclras"):
+        # NCCL RAS answers for every rank of the job at once; it runs while stacks are sampled.
+        ras_thread = threading.Thread(target=ncclras_reports, args=(procs, add, errors), daemon=True)
+        ras_thread.start()
+
     stacks: dict[int, list[str]] = {p["pid"]: [] for p in procs}
     states: list[dict] = []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(procs))))
@@ -898,6 +1043,8 @@ def collect(
     _collect_rank_files(procs, host, add, errors, uid)
     if host_thread is not None:
         host_thread.join(timeout=60)
+    if ras_thread is not None:
+        ras_thread.join(timeout=2 * NCCLRAS_TIMEOUT + 5)
     return {
         "hangdx_collector": COLLECTOR_VERSION,
         "host": host,

@@ -40,6 +40,7 @@ _MODULES = [
     "p2p_bandwidth",
     "nvidia_smi_q",
     "dcgmi_diag",
+    "ncclras",
 ]
 
 HEAD_BYTES = 64 * 1024

@@ -505,6 +505,25 @@ def rank_killed() -> Scenario:
     return zoo_fault("rank_killed", 2, 2)
 
 
+def ras_rank_killed() -> Scenario:
+    """rank_killed on 2 nodes x 2 ranks, with NCCL RAS on both nodes: `ncclras` reports rank 2 (node-02) dead.
+
+    The report is what NCCL 2.29.7 prints for it (tests/fixtures/ncclras/generate.py, from NCCL's format
+    strings); the RAS addresses are the nodes' addresses, its pids made up."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ncclras_generate", FIXTURES / "ncclras" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    nodes, per = 2, 2
+    report = gen.cluster_dead(
+        [node_address(i) for i in range(nodes)], per, 2, {r: 51200 + r for r in range(nodes * per)}
+    )
+    expected = {**_zoo_expected("rank_killed", per), "gpus": ["node-02:GPU 0"]}
+    return Scenario("rank_killed", nodes, per, {i: NodeSpec(ncclras=report) for i in range(nodes)}, expected)
+
+
 def _zoo_expected(fault: str, ranks_per_node: int) -> dict[str, Any]:
     f = FAULTS[fault]
     ranks = sorted(f.culprit_ranks)
@@ -528,4 +547,5 @@ SCENARIOS = {
     "mtu_mismatch": mtu_mismatch,
     "dataloader_hang": dataloader_hang,
     "rank_killed": rank_killed,
+    "ras_rank_killed": ras_rank_killed,
 }

@@ -114,6 +114,9 @@ class NodeSpec:
     # under kernel.dmesg_restrict, sudo without a rule, journalctl for a user outside systemd-journal).
     # Takes the place of the stand-in of the same name.
     fixed: dict[str, ToolOutput] | None = None
+    # `ncclras`: {"text": what `ncclras [-v]` prints, "json": what `ncclras -f json` prints} (NCCL RAS answers
+    # for the whole job from any node, so every node of a scenario usually prints the same report).
+    ncclras: dict[str, str] | None = None
 
 
 def unavailable_reason() -> str | None:
@@ -390,6 +393,9 @@ class Cluster:
             real_ip = shutil.which("ip") or "/usr/sbin/ip"
             doc["ip"] = {"text": spec.ip_link, "real": os.path.realpath(real_ip)}
             names.append("ip")
+        if spec.ncclras is not None:
+            doc["ncclras"] = spec.ncclras
+            names.append("ncclras")
         (self.node_dir(host) / "tools.json").write_text(json.dumps(doc, indent=1))
         for name in names:
             wrapper = tools / name

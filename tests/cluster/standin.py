@@ -1,4 +1,4 @@
-"""Stand-ins for the tools a simulated node lacks (nvidia-smi, ibstat, perfquery, dmesg, ip link).
+"""Stand-ins for the tools a simulated node lacks (nvidia-smi, ibstat, perfquery, dmesg, ip link, ncclras).
 
 Each node's tool directory (first on its PATH) holds tiny wrappers (written by sim.py) that call `main(tool, node_dir, argv)`.
 They print the recorded real-format text the scenario chose for that node (`<node_dir>/tools.json`),
@@ -208,6 +208,19 @@ def ip(spec: dict, argv: list[str]) -> int:
     return 127  # not reached
 
 
+def ncclras(spec: dict, argv: list[str]) -> int:
+    """`ncclras [-t N] [-v]` prints the text report, `ncclras ... -f json` the JSON one (NCCL >= 2.28.7)."""
+    if "-f" in argv:
+        fmt = argv[argv.index("-f") + 1] if argv.index("-f") + 1 < len(argv) else ""
+        if fmt not in ("text", "json"):
+            sys.stderr.write(f"Invalid format: {fmt} (must be text or json)\n")
+            return 1
+        sys.stdout.write(spec[fmt])
+        return 0
+    sys.stdout.write(spec["text"])
+    return 0
+
+
 def main(tool: str, node_dir: str, argv: list[str]) -> int:
     tools = _load(os.path.join(node_dir, "tools.json"))
     host = tools.get("host", "")
@@ -224,5 +237,7 @@ def main(tool: str, node_dir: str, argv: list[str]) -> int:
         return dmesg(render(spec["text"], host, pids), spec["boot"], argv)
     if tool == "ip":
         return ip(tools["ip"], argv)
+    if tool == "ncclras":
+        return ncclras(tools["ncclras"], argv)
     sys.stderr.write(f"{tool}: no stand-in on this node\n")
     return 127

@@ -7,6 +7,7 @@ must answer the way the real tools do for the arguments hangdx's collector uses.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -218,6 +219,7 @@ def test_scenarios_expected_values() -> None:
         "mtu_mismatch": "network_fault",
         "dataloader_hang": "dataloader_stall",
         "rank_killed": "rank_crashed",
+        "ras_rank_killed": "rank_crashed",
     }
     for build in scenarios.SCENARIOS.values():
         s = build()
@@ -230,3 +232,14 @@ def test_scenarios_expected_values() -> None:
 def test_quiet_kernel_log_has_no_fault() -> None:
     text = quiet_kernel_log()
     assert "Xid" not in text and "DOWN" not in text and len(text.splitlines()) == 5
+
+
+def test_ncclras_prints_text_or_json_as_the_real_client_does(capsys: pytest.CaptureFixture[str]) -> None:
+    report = scenarios.SCENARIOS["ras_rank_killed"]().node_specs[0].ncclras
+    assert report is not None
+    assert standin.ncclras(report, ["-t", "5", "-v"]) == 0
+    assert "  Rank 2 -- GPU 0 managed by process 51202 on node 127.0.0.12" in capsys.readouterr().out
+    assert standin.ncclras(report, ["-t", "5", "-f", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["communicators"][0]["missing_ranks"][0]["rank"] == 2
+    assert standin.ncclras(report, ["-f", "yaml"]) == 1
+    assert "Invalid format: yaml (must be text or json)" in capsys.readouterr().err
