@@ -235,6 +235,19 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
     if events:
         e = events[0]
         per_rank = e.fields.get("per_rank") or {}
+        apart = _not_in_the_same_call(e)
+        if apart:
+            # Not one call the ranks disagree on: they are at different points of their collective sequences.
+            yield Match(
+                "conditional_collective",
+                0.88,
+                Culprit(),
+                [x.quote for x in events[:4]],
+                {**_crowd_ctx(facts), "ranks": [], "detail": e.quote.text[:300], "ops": {}, "apart": apart},
+                status="failed" if not facts.ev.live else "hung",
+                template="collective_mismatch",
+            )
+            return
         ranks = _minority(per_rank) or sorted({x.rank for x in events if x.rank is not None})
         yield Match(
             "collective_mismatch",
@@ -266,6 +279,32 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
         {**_crowd_ctx(facts), "ranks": odd, "detail": "", "ops": ops, "call_site": crowd.call_site},
         status="hung",
     )
+
+
+# DDP's own per-iteration syncs (torch/nn/parallel/distributed.py: buffers and parameters broadcast from the
+# authoritative rank): the model is replicated and DDP checked its shapes at construction, so every rank that runs
+# them runs the same call. A rank reported inconsistent there is matched against a rank that is not in it at all.
+_DDP_OWN_SYNC = re.compile(r"_broadcast_coalesced|_sync_buffers|_sync_params|_sync_module_buffers")
+
+
+def _not_in_the_same_call(e) -> str:
+    """Why a ProcessGroupWrapper mismatch report is ranks in different calls rather than one call disagreed on.
+
+    Its fingerprints carry each rank's collective sequence number: different numbers mean a rank issued more or
+    fewer collectives than another (it skipped or added one: a divergent code path), whatever else differs. The
+    older report (`is running inconsistent collective`, one rank's fingerprint, no number) says so when the
+    collective is one of DDP's own syncs, which cannot differ between ranks that are both in it.
+    """
+    per_rank = e.fields.get("per_rank") or {}
+    if not isinstance(per_rank, dict):
+        return ""
+    seqs = {v.get("seq") for v in per_rank.values() if isinstance(v, dict) and v.get("seq") is not None}
+    if len(seqs) > 1:
+        return "sequence numbers " + " vs ".join(str(x) for x in sorted(seqs))
+    where = " ".join(str(w) for w in e.fields.get("where") or [])
+    if len(per_rank) == 1 and not seqs and _DDP_OWN_SYNC.search(where):
+        return "inside DDP's own buffer/parameter broadcast, which every rank issues alike"
+    return ""
 
 
 def _minority(per_rank: dict) -> list[int]:

@@ -240,6 +240,7 @@ class _State:
     progress: dict[tuple, dict] = field(default_factory=dict)  # (rank, what) -> first and last bar seen
     counters: counters.Counters = field(default_factory=counters.Counters)  # step/iter/batch N in log lines
     seen: set = field(default_factory=set)
+    last_code: dict[int | None, str] = field(default_factory=dict)  # per rank: last traceback source line
 
 
 def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
@@ -353,6 +354,8 @@ def _one(ln: _Line, st: _State) -> None:
         _progress(ln, st)
         return
     st.counters.note(_rank_of(ln, st), ln.msg, ln.lineno, ln)
+    if ln.body[:1].isspace() and ln.body.strip():  # a traceback's source or frame line, even in a fragment
+        st.last_code[ln.rank] = ln.body.strip()[:300]
     _traceback(ln, st)
     if "CUDA error: " in ln.msg or "CUDA driver error: " in ln.msg:
         _cuda_error(ln, st)
@@ -617,6 +620,8 @@ def _mismatch(ln: _Line, st: _State) -> None:
             "devices": p.get("TensorDeviceTypes"),
         }
     diff = ln.msg.split("differ in the following aspects:", 1)
+    tb = st.tb.get(ln.rank) or {}
+    where = [*tb.get("frames", [])[-3:], st.last_code.get(ln.rank, "")]
     reporter = next(iter(prints), None)  # ProcessGroupWrapper names the reporting rank first
     _add(
         st,
@@ -626,6 +631,7 @@ def _mismatch(ln: _Line, st: _State) -> None:
         ranks=sorted(per_rank),
         per_rank=per_rank,
         differences=diff[1].strip() if len(diff) > 1 else None,
+        where=[w for w in where if w],  # the traceback just above: which code issued the collective
     )
 
 
