@@ -258,6 +258,19 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
             status="failed" if not facts.ev.live else "hung",
         )
         return
+    same = _same_number_disagreement(facts)
+    if same:
+        ranks, gpus, quotes, detail = same
+        hosts = sorted(set(facts.hosts_of(ranks)) | {g.rsplit(":", 1)[0] for g in gpus})
+        yield Match(
+            "collective_mismatch",
+            0.86,
+            Culprit(ranks=ranks, hosts=hosts, gpus=gpus),
+            quotes[:6],
+            {**_crowd_ctx(facts), "ranks": ranks, "detail": detail, "ops": {}},
+            status="failed" if not facts.ev.live else "hung",
+        )
+        return
     crowd = facts.crowd
     if crowd is None or crowd.kind != "collective" or not _hung(facts):
         return
@@ -279,6 +292,76 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
         {**_crowd_ctx(facts), "ranks": odd, "detail": "", "ops": ops, "call_site": crowd.call_site},
         status="hung",
     )
+
+
+def _same_number_disagreement(facts: Facts) -> tuple[list[int], list[str], list[Quote], str] | None:
+    """Per-call records of several processes that carry the same sequence number but not the same call.
+
+    ProcessGroupWrapper's `Running collective: CollectiveFingerPrint(SequenceNumber=N, ...)` (DETAIL) and NCCL's
+    INFO line per collective (`Broadcast: opCount N ... count C datatype D ... root R ... [nranks=K]`) number each
+    rank's calls in order: at the same number every rank must run the same op with the same size and type. The
+    processes that differ from most at the lowest such number are the culprits (a tie names every process).
+    NCCL's line names a process and its GPU, not its rank: on one host, GPU N is read as local rank N (what
+    torchrun and mpirun give each process), said as such.
+    """
+    # call number -> process -> (signature, quote, rank, gpu)
+    calls: dict[object, dict[tuple, tuple]] = defaultdict(dict)
+    for e in facts.ev.events_of("collective_fingerprint"):
+        seq = e.fields.get("seq")
+        if e.rank is None or not str(seq).isdigit():
+            continue
+        sig = (
+            str(e.fields.get("op")).lower(),
+            f"shapes {e.fields.get('shapes')}" if e.fields.get("shapes") else None,
+            f"dtypes {e.fields.get('dtypes')}" if e.fields.get("dtypes") else None,
+        )
+        calls[int(seq)][("rank", e.rank)] = (sig, e.quote, e.rank, None)
+    records = [
+        c
+        for c in facts.ev.collectives
+        if c.origin == "nccl_log" and c.seq is not None and c.op not in _P2P_OPS
+    ]
+    hosts = {c.host for c in records}
+    for c in records:
+        who = ("rank", c.rank) if c.rank is not None else ("proc", c.host, c.pid, c.device)
+        nranks = c.sizes.get("nranks") if isinstance(c.sizes, dict) else None
+        root = c.sizes.get("root") if isinstance(c.sizes, dict) else None
+        sig = (c.op, f"count {c.numel_in}", c.dtype, f"root {root}" if root is not None else None)
+        key = (c.seq, nranks)
+        if who in calls[key]:  # two communicators of one process at this number: no telling which pairs up
+            calls[key][who] = ("ambiguous", c.quote, None, None)
+            continue
+        rank = c.rank
+        if rank is None and len(hosts) == 1 and c.device is not None:
+            rank = c.device
+        gpu = f"{c.host}:{c.device}" if c.host and c.device is not None else None
+        calls[key][who] = (sig, c.quote, rank, gpu)
+    for key in sorted(calls, key=str):
+        procs = {w: v for w, v in calls[key].items() if v[0] != "ambiguous"}
+        if len(procs) < 2 or len({v[0] for v in procs.values()}) < 2:
+            continue
+        odd = _minority({i: str(v[0]) for i, v in enumerate(procs.values())})
+        vals = list(procs.values())
+        if not odd or len(odd) == len(vals):
+            continue
+        ranks = sorted({vals[i][2] for i in odd if vals[i][2] is not None})
+        gpus = [vals[i][3] for i in odd if vals[i][3]]
+        seq = key if isinstance(key, int) else key[0]
+        quotes = [vals[i][1] for i in odd if vals[i][1]] + [v[1] for i, v in enumerate(vals) if i not in odd][
+            :2
+        ]
+        what = ", ".join(f"{x}" for x in vals[odd[0]][0] if x is not None)
+        common = ", ".join(
+            f"{x}" for x in vals[next(i for i in range(len(vals)) if i not in odd)][0] if x is not None
+        )
+        detail = (
+            f"call #{seq}: {what} on the odd one{'s' if len(odd) > 1 else ''} out, {common} on the others"
+        )
+        return ranks, gpus, quotes, detail
+    return None
+
+
+_P2P_OPS = ("send", "recv")
 
 
 # DDP's own per-iteration syncs (torch/nn/parallel/distributed.py: buffers and parameters broadcast from the
