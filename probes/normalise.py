@@ -18,7 +18,8 @@ from hangdx.probes.naming import host_from_path, rank_from_name
 
 # CSI (colours, cursor moves), OSC (titles, links) and two-character escapes; bounded, so linear.
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_TORCHRUN = re.compile(r"\[(?:default)?rank(\d{1,9})\]:\s?")
+# torchrun: `[rank3]:` (c10d's log prefix) and `[default3]:` (the elastic agent's `[{role}{local_rank}]:` with --tee).
+_TORCHRUN = re.compile(r"\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
 # Open MPI's `mpirun --tag-output`: `[1,3]<stderr>:` is job 1, rank 3 (the line follows the colon directly).
 _OMPI_TAG = re.compile(r"\[\d{1,9},(\d{1,9})\]<(?:stdout|stderr|stddiag)>:")
 # A shell prompt before a command (`user@gpu-node-03:~/run$ nvidia-smi`, `[user@node17 dir]# dmesg`,

@@ -302,15 +302,16 @@ def _progress(ln: _Line, st: _State) -> None:
             "rate": rate,
             "line": ln,
             "count": 1,
+            "unit": m["unit"],
         }
     else:
-        entry.update(last=n, total=total, rate=rate, line=ln, count=entry["count"] + 1)
+        entry.update(last=n, total=total, rate=rate, line=ln, count=entry["count"] + 1, unit=m["unit"])
 
 
 def _flush_progress(st: _State) -> None:
     for (rank, what), e in st.progress.items():
         _add(st, "progress", e["line"], rank=rank, what=what, first=e["first"], n=e["last"], total=e["total"],
-             rate=e["rate"], count=e["count"])  # fmt: skip
+             rate=e["rate"], count=e["count"], unit=e.get("unit"))  # fmt: skip
 
 
 def _quote(st: _State, ln: _Line) -> Quote:
