@@ -410,6 +410,53 @@ def _minority(per_rank: dict) -> list[int]:
     return sorted(r for r, s in sig.items() if s != common)
 
 
+# Code that only waits on point-to-point work: torch.distributed.pipelining's schedules wait on the works of their
+# stage-to-stage sends and receives (_batch_p2p / _sorted_batch_p2p), and nothing else, in the frames named here.
+_P2P_WAIT_FILES = (
+    "torch/distributed/pipelining/schedules.py",
+    "megatron/core/pipeline_parallel/p2p_communication.py",
+)
+_PEER_LOST = re.compile(r"connection reset by peer|connection closed by peer|broken pipe|end of file", re.I)
+
+
+@playbook("p2p_wait_lost", order=46)
+def p2p_wait_lost(facts: Facts) -> Iterator[Match]:
+    """Logs: a pipeline stage's wait on its neighbours' sends/receives ended by losing the peer, and no rank shows
+    a failure of its own: the stages waited on each other until one side gave up and closed its connections."""
+    lost = [
+        e
+        for e in facts.ev.events_of("exception")
+        if e.rank is not None
+        and _PEER_LOST.search(str(e.fields.get("message") or ""))
+        and any(f.split(":", 1)[0].endswith(_P2P_WAIT_FILES) for f in (e.fields.get("frames") or [])[-1:])
+    ]
+    if not lost:
+        return
+    own = [
+        e
+        for e in facts.ev.events_of("exception")
+        if e.rank is not None
+        and not _is_comm_error(e)
+        and not _PEER_LOST.search(str(e.fields.get("message")))
+    ]
+    if own or _crash_events(facts) or facts.ev.events_of("cuda_error", "oom_kill", "cuda_oom", "segfault"):
+        return  # a rank that failed on its own explains the lost peer better
+    ranks = sorted({e.rank for e in lost if e.rank is not None})
+    yield Match(
+        "p2p_deadlock",
+        0.6,
+        Culprit(),
+        [e.quote for e in lost[:4]],
+        {
+            "ranks": ranks,
+            "sites": {e.rank: (e.fields.get("frames") or [""])[-1] for e in lost[:4]},
+            "message": str(lost[0].fields.get("message"))[:200],
+        },
+        status="failed",
+        template="p2p_wait_lost",
+    )
+
+
 @playbook("p2p_deadlock", order=45)
 def p2p_deadlock(facts: Facts) -> Iterator[Match]:
     """Are point-to-point sends and receives ordered so that peers wait on each other?
