@@ -45,6 +45,8 @@ _GREP_H = re.compile(
 )
 # `ip link` rows (`2: eth0: <BROADCAST,...>`) look like srun's `2: ` label; they are not one.
 _IP_LINK_ROW = re.compile(r"\d{1,6}: [\w@.\-]{1,40}: <")
+# Nor are the rows of MPICH mpiexec's `job aborted:` table (`rank: node: exit code: error`): the row is read whole.
+_MPI_ABORT_ROW = re.compile(r"\d{1,7}: [\w.\-]{1,253}: -?\d{1,4}: Fatal error in ")
 # A host label is a node name (`gpu-node-03`, `node17`, `ip-10-0-0-1.ec2.internal`), not a word that ends a
 # Python exception or a logging level.
 _NOT_HOST = re.compile(
@@ -180,7 +182,7 @@ class Normaliser:
                 text = text[m.end() :]
                 continue
             m = _SRUN.match(text)
-            if m and not _IP_LINK_ROW.match(text.lstrip()):
+            if m and not _IP_LINK_ROW.match(text.lstrip()) and not _MPI_ABORT_ROW.match(text.lstrip()):
                 rank, text = int(m.group(1)), text[m.end() :]
                 continue
             m = _RANK_WORD.match(text)
