@@ -336,7 +336,7 @@ def _same_number_disagreement(facts: Facts) -> tuple[list[int], list[str], list[
             rank = c.device
         gpu = f"{c.host}:{c.device}" if c.host and c.device is not None else None
         calls[key][who] = (sig, c.quote, rank, gpu)
-    for key in sorted(calls, key=str):
+    for key in sorted(calls, key=lambda k: (k if isinstance(k, int) else k[0], str(k))):
         procs = {w: v for w, v in calls[key].items() if v[0] != "ambiguous"}
         if len(procs) < 2 or len({v[0] for v in procs.values()}) < 2:
             continue
@@ -719,13 +719,19 @@ def _comparable_last(facts: Facts, progress: dict[int, LogEvent]) -> dict[int, i
                 timed_out[r] = max(timed_out.get(r, c.seq), c.seq)
                 waits[r].add((c.pg, c.seq))
     timed_out = _one_group(waits) if waits else timed_out
+    # ProcessGroupWrapper's DETAIL line before each collective (`Running collective: ...(SequenceNumber=N`): how far
+    # a rank got, as a full record says it.
+    printed: dict[int, int] = {}
+    for e in facts.ev.events_of("collective_fingerprint"):
+        if e.rank is not None and str(e.fields.get("seq")).isdigit():
+            printed[e.rank] = max(printed.get(e.rank, 0), int(e.fields["seq"]))
     enqueued = {
         r: e.fields["last_enqueued"]
         for r, e in progress.items()
         if isinstance(e.fields.get("last_enqueued"), int)
     }
     ws = facts.world_size or 0
-    usable = [m for m in (full, enqueued, timed_out) if len(m) >= 2 or (ws and m)]
+    usable = [m for m in (full, printed, enqueued, timed_out) if len(m) >= 2 or (ws and m)]
     for m in usable:  # the first kind of record that shows a rank behind speaks; else the most complete one
         if len(set(m.values())) > 1:
             return m
@@ -799,6 +805,9 @@ def sequence_divergence(facts: Facts) -> Iterator[Match]:
                 evidence.append(c.quote)
         if r in progress:
             evidence.append(progress[r].quote)
+        printed = [e for e in facts.ev.events_of("collective_fingerprint") if e.rank == r]
+        if printed and not recs:
+            evidence.append(printed[-1].quote)
     evidence += [e.quote for e in facts.ev.events_of("watchdog_timeout")[:3]]  # the victims' side
     yield Match(
         "conditional_collective",

@@ -186,3 +186,10 @@ def test_a_pipeline_stage_losing_its_peer_in_a_p2p_wait_with_no_failure_of_its_o
     assert rc.category == "p2p_deadlock", rc.summary
     oom = "[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     assert verdict(tb + oom).category != "p2p_deadlock"  # a rank that failed on its own explains the reset
+
+
+def test_detail_fingerprints_show_the_rank_that_stopped_issuing_collectives():
+    text = "".join(_running(r, 40, "8") for r in range(4)) + "".join(_running(r, 41, "8") for r in (0, 1, 3))
+    rc = verdict(text)
+    assert rc.category == "conditional_collective", rc.summary
+    assert rc.culprit.ranks == [2] and "#41" in rc.summary
