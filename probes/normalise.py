@@ -196,6 +196,8 @@ class Normaliser:
             break
         if text.startswith(">") and (len(text) == 1 or text[1] == " "):
             text = text[2:]  # a markdown quote
+        while text.startswith("^C"):
+            text = text[2:]  # the terminal's echo of Ctrl-C, before the traceback it caused
         if text.startswith("**") and text[2:3].strip():
             text = text[2:]  # markdown bold around a pasted line: `**RuntimeError: ...**`
         if text.rstrip().endswith("**") and text.rstrip()[-3:-2].strip():

@@ -193,3 +193,19 @@ def test_detail_fingerprints_show_the_rank_that_stopped_issuing_collectives():
     rc = verdict(text)
     assert rc.category == "conditional_collective", rc.summary
     assert rc.culprit.ranks == [2] and "#41" in rc.summary
+
+
+def test_a_ctrl_c_echo_before_the_traceback_still_shows_where_the_process_waited():
+    text = (
+        "^CTraceback (most recent call last):\n"
+        '  File "train.py", line 120, in <module>\n'
+        "    for i, batch in enumerate(loader):\n"
+        '  File "/usr/lib/python3.10/site-packages/torch/utils/data/dataloader.py", line 633, in __next__\n'
+        "    data = self._next_data()\n"
+        '  File "/usr/lib/python3.10/site-packages/torch/utils/data/dataloader.py", line 1132, in _try_get_data\n'
+        "    data = self._data_queue.get(timeout=timeout)\n"
+        '  File "/usr/lib/python3.10/multiprocessing/queues.py", line 113, in get\n'
+        "    if not self._poll(timeout):\n"
+        "KeyboardInterrupt\n"
+    )
+    assert verdict(text).category == "dataloader_stall"
