@@ -209,3 +209,22 @@ def test_a_ctrl_c_echo_before_the_traceback_still_shows_where_the_process_waited
         "KeyboardInterrupt\n"
     )
     assert verdict(text).category == "dataloader_stall"
+
+
+def test_a_notebooks_interrupted_traceback_shows_where_the_process_waited():
+    text = (
+        "---------------------------------------------------------------------------\n"
+        "KeyboardInterrupt                         Traceback (most recent call last)\n"
+        "<ipython-input-7-2f1d3c> in <module>\n"
+        "      1 for epoch in range(10):\n"
+        "----> 2     for x, y in train_loader:\n\n"
+        "/usr/local/lib/python3.8/dist-packages/torch/utils/data/dataloader.py in __next__(self)\n"
+        "    434             self._reset()\n"
+        "--> 435         data = self._next_data()\n\n"
+        "/usr/lib/python3.8/multiprocessing/queues.py in get(self, block, timeout)\n"
+        "--> 107                 if not self._poll(timeout):\n\n"
+        "KeyboardInterrupt: \n"
+    )
+    rc = verdict(text)
+    assert rc.category == "dataloader_stall", rc.summary
+    assert "ipython-input-7-2f1d3c>:2" in rc.summary
