@@ -250,9 +250,26 @@ def _peer(frame: Frame | None) -> int | None:
 _WEAK_NATIVE = ("lock", "network", "sleep", "io")
 
 
+def _working_thread(dump: StackDump):
+    """The main thread, unless it only serves a runtime (waits.yaml `delegates`): then the thread that waits."""
+    main = dump.main_thread()
+    if main is None:
+        return None
+    w = waits.classify(main.frames, main.state not in ("active", "gil"))
+    if w is None or w.row is None or not w.row.delegates:
+        return main
+    for t in dump.threads:
+        if t is main:
+            continue
+        tw = waits.classify(t.frames, t.state not in ("active", "gil"))
+        if tw is not None and tw.decisive and tw.row is not None and not tw.row.delegates:
+            return t
+    return main
+
+
 def classify(dump: StackDump, state: ProcessState | None) -> Location:
     """Where a process's main thread is: the taxonomy of waits on its frames, then its blocking syscall."""
-    thread = dump.main_thread()
+    thread = _working_thread(dump)
     if thread is None:
         return Location("unknown", detail="no threads in the dump")
     idle = thread.state not in ("active", "gil")

@@ -244,6 +244,19 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
     if events:
         e = events[0]
         per_rank = e.fields.get("per_rank") or {}
+        apart = _not_in_the_same_call(e)
+        if apart:
+            # Not one call the ranks disagree on: they are at different points of their collective sequences.
+            yield Match(
+                "conditional_collective",
+                0.88,
+                Culprit(),
+                [x.quote for x in events[:4]],
+                {**_crowd_ctx(facts), "ranks": [], "detail": e.quote.text[:300], "ops": {}, "apart": apart},
+                status="failed" if not facts.ev.live else "hung",
+                template="collective_mismatch",
+            )
+            return
         ranks = _minority(per_rank) or sorted({x.rank for x in events if x.rank is not None})
         yield Match(
             "collective_mismatch",
@@ -251,6 +264,19 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
             Culprit(ranks=ranks, hosts=facts.hosts_of(ranks)),
             [x.quote for x in events[:4]],
             {**_crowd_ctx(facts), "ranks": ranks, "detail": e.quote.text[:300], "ops": {}},
+            status="failed" if not facts.ev.live else "hung",
+        )
+        return
+    same = _same_number_disagreement(facts)
+    if same:
+        ranks, gpus, quotes, detail = same
+        hosts = sorted(set(facts.hosts_of(ranks)) | {g.rsplit(":", 1)[0] for g in gpus})
+        yield Match(
+            "collective_mismatch",
+            0.86,
+            Culprit(ranks=ranks, hosts=hosts, gpus=gpus),
+            quotes[:6],
+            {**_crowd_ctx(facts), "ranks": ranks, "detail": detail, "ops": {}},
             status="failed" if not facts.ev.live else "hung",
         )
         return
@@ -277,6 +303,102 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
     )
 
 
+def _same_number_disagreement(facts: Facts) -> tuple[list[int], list[str], list[Quote], str] | None:
+    """Per-call records of several processes that carry the same sequence number but not the same call.
+
+    ProcessGroupWrapper's `Running collective: CollectiveFingerPrint(SequenceNumber=N, ...)` (DETAIL) and NCCL's
+    INFO line per collective (`Broadcast: opCount N ... count C datatype D ... root R ... [nranks=K]`) number each
+    rank's calls in order: at the same number every rank must run the same op with the same size and type. The
+    processes that differ from most at the lowest such number are the culprits (a tie names every process).
+    NCCL's line names a process and its GPU, not its rank: on one host, GPU N is read as local rank N (what
+    torchrun and mpirun give each process), said as such.
+    """
+    # call number -> process -> (signature, quote, rank, gpu)
+    calls: dict[object, dict[tuple, tuple]] = defaultdict(dict)
+    for e in facts.ev.events_of("collective_fingerprint"):
+        seq = e.fields.get("seq")
+        if e.rank is None or not str(seq).isdigit():
+            continue
+        sig = (
+            str(e.fields.get("op")).lower(),
+            f"shapes {e.fields.get('shapes')}" if e.fields.get("shapes") else None,
+            f"dtypes {e.fields.get('dtypes')}" if e.fields.get("dtypes") else None,
+        )
+        calls[int(seq)][("rank", e.rank)] = (sig, e.quote, e.rank, None)
+    records = [
+        c
+        for c in facts.ev.collectives
+        if c.origin == "nccl_log" and c.seq is not None and c.op not in _P2P_OPS
+    ]
+    hosts = {c.host for c in records}
+    for c in records:
+        who = ("rank", c.rank) if c.rank is not None else ("proc", c.host, c.pid, c.device)
+        nranks = c.sizes.get("nranks") if isinstance(c.sizes, dict) else None
+        root = c.sizes.get("root") if isinstance(c.sizes, dict) else None
+        sig = (c.op, f"count {c.numel_in}", c.dtype, f"root {root}" if root is not None else None)
+        key = (c.seq, nranks)
+        if who in calls[key]:  # two communicators of one process at this number: no telling which pairs up
+            calls[key][who] = ("ambiguous", c.quote, None, None)
+            continue
+        rank = c.rank
+        if rank is None and len(hosts) == 1 and c.device is not None:
+            rank = c.device
+        gpu = f"{c.host}:{c.device}" if c.host and c.device is not None else None
+        calls[key][who] = (sig, c.quote, rank, gpu)
+    for key in sorted(calls, key=lambda k: (k if isinstance(k, int) else k[0], str(k))):
+        procs = {w: v for w, v in calls[key].items() if v[0] != "ambiguous"}
+        if len(procs) < 2 or len({v[0] for v in procs.values()}) < 2:
+            continue
+        odd = _minority({i: str(v[0]) for i, v in enumerate(procs.values())})
+        vals = list(procs.values())
+        if not odd or len(odd) == len(vals):
+            continue
+        ranks = sorted({vals[i][2] for i in odd if vals[i][2] is not None})
+        gpus = [vals[i][3] for i in odd if vals[i][3]]
+        seq = key if isinstance(key, int) else key[0]
+        quotes = [vals[i][1] for i in odd if vals[i][1]] + [v[1] for i, v in enumerate(vals) if i not in odd][
+            :2
+        ]
+        what = ", ".join(f"{x}" for x in vals[odd[0]][0] if x is not None)
+        common = ", ".join(
+            f"{x}" for x in vals[next(i for i in range(len(vals)) if i not in odd)][0] if x is not None
+        )
+        detail = (
+            f"call #{seq}: {what} on the odd one{'s' if len(odd) > 1 else ''} out, {common} on the others"
+        )
+        return ranks, gpus, quotes, detail
+    return None
+
+
+_P2P_OPS = ("send", "recv")
+
+
+# DDP's own per-iteration syncs (torch/nn/parallel/distributed.py: buffers and parameters broadcast from the
+# authoritative rank): the model is replicated and DDP checked its shapes at construction, so every rank that runs
+# them runs the same call. A rank reported inconsistent there is matched against a rank that is not in it at all.
+_DDP_OWN_SYNC = re.compile(r"_broadcast_coalesced|_sync_buffers|_sync_params|_sync_module_buffers")
+
+
+def _not_in_the_same_call(e) -> str:
+    """Why a ProcessGroupWrapper mismatch report is ranks in different calls rather than one call disagreed on.
+
+    Its fingerprints carry each rank's collective sequence number: different numbers mean a rank issued more or
+    fewer collectives than another (it skipped or added one: a divergent code path), whatever else differs. The
+    older report (`is running inconsistent collective`, one rank's fingerprint, no number) says so when the
+    collective is one of DDP's own syncs, which cannot differ between ranks that are both in it.
+    """
+    per_rank = e.fields.get("per_rank") or {}
+    if not isinstance(per_rank, dict):
+        return ""
+    seqs = {v.get("seq") for v in per_rank.values() if isinstance(v, dict) and v.get("seq") is not None}
+    if len(seqs) > 1:
+        return "sequence numbers " + " vs ".join(str(x) for x in sorted(seqs))
+    where = " ".join(str(w) for w in e.fields.get("where") or [])
+    if len(per_rank) == 1 and not seqs and _DDP_OWN_SYNC.search(where):
+        return "inside DDP's own buffer/parameter broadcast, which every rank issues alike"
+    return ""
+
+
 def _minority(per_rank: dict) -> list[int]:
     """In a mismatch report, the ranks whose collective differs from most."""
     if not isinstance(per_rank, dict) or len(per_rank) < 2:
@@ -295,6 +417,53 @@ def _minority(per_rank: dict) -> list[int]:
     if list(counts.values()).count(counts[common]) > 1:
         return sorted(sig)  # a tie: every rank named is a suspect
     return sorted(r for r, s in sig.items() if s != common)
+
+
+# Code that only waits on point-to-point work: torch.distributed.pipelining's schedules wait on the works of their
+# stage-to-stage sends and receives (_batch_p2p / _sorted_batch_p2p), and nothing else, in the frames named here.
+_P2P_WAIT_FILES = (
+    "torch/distributed/pipelining/schedules.py",
+    "megatron/core/pipeline_parallel/p2p_communication.py",
+)
+_PEER_LOST = re.compile(r"connection reset by peer|connection closed by peer|broken pipe|end of file", re.I)
+
+
+@playbook("p2p_wait_lost", order=46)
+def p2p_wait_lost(facts: Facts) -> Iterator[Match]:
+    """Logs: a pipeline stage's wait on its neighbours' sends/receives ended by losing the peer, and no rank shows
+    a failure of its own: the stages waited on each other until one side gave up and closed its connections."""
+    lost = [
+        e
+        for e in facts.ev.events_of("exception")
+        if e.rank is not None
+        and _PEER_LOST.search(str(e.fields.get("message") or ""))
+        and any(f.split(":", 1)[0].endswith(_P2P_WAIT_FILES) for f in (e.fields.get("frames") or [])[-1:])
+    ]
+    if not lost:
+        return
+    own = [
+        e
+        for e in facts.ev.events_of("exception")
+        if e.rank is not None
+        and not _is_comm_error(e)
+        and not _PEER_LOST.search(str(e.fields.get("message")))
+    ]
+    if own or _crash_events(facts) or facts.ev.events_of("cuda_error", "oom_kill", "cuda_oom", "segfault"):
+        return  # a rank that failed on its own explains the lost peer better
+    ranks = sorted({e.rank for e in lost if e.rank is not None})
+    yield Match(
+        "p2p_deadlock",
+        0.6,
+        Culprit(),
+        [e.quote for e in lost[:4]],
+        {
+            "ranks": ranks,
+            "sites": {e.rank: (e.fields.get("frames") or [""])[-1] for e in lost[:4]},
+            "message": str(lost[0].fields.get("message"))[:200],
+        },
+        status="failed",
+        template="p2p_wait_lost",
+    )
 
 
 @playbook("p2p_deadlock", order=45)
@@ -559,13 +728,19 @@ def _comparable_last(facts: Facts, progress: dict[int, LogEvent]) -> dict[int, i
                 timed_out[r] = max(timed_out.get(r, c.seq), c.seq)
                 waits[r].add((c.pg, c.seq))
     timed_out = _one_group(waits) if waits else timed_out
+    # ProcessGroupWrapper's DETAIL line before each collective (`Running collective: ...(SequenceNumber=N`): how far
+    # a rank got, as a full record says it.
+    printed: dict[int, int] = {}
+    for e in facts.ev.events_of("collective_fingerprint"):
+        if e.rank is not None and str(e.fields.get("seq")).isdigit():
+            printed[e.rank] = max(printed.get(e.rank, 0), int(e.fields["seq"]))
     enqueued = {
         r: e.fields["last_enqueued"]
         for r, e in progress.items()
         if isinstance(e.fields.get("last_enqueued"), int)
     }
     ws = facts.world_size or 0
-    usable = [m for m in (full, enqueued, timed_out) if len(m) >= 2 or (ws and m)]
+    usable = [m for m in (full, printed, enqueued, timed_out) if len(m) >= 2 or (ws and m)]
     for m in usable:  # the first kind of record that shows a rank behind speaks; else the most complete one
         if len(set(m.values())) > 1:
             return m
@@ -639,6 +814,9 @@ def sequence_divergence(facts: Facts) -> Iterator[Match]:
                 evidence.append(c.quote)
         if r in progress:
             evidence.append(progress[r].quote)
+        printed = [e for e in facts.ev.events_of("collective_fingerprint") if e.rank == r]
+        if printed and not recs:
+            evidence.append(printed[-1].quote)
     evidence += [e.quote for e in facts.ev.events_of("watchdog_timeout")[:3]]  # the victims' side
     yield Match(
         "conditional_collective",

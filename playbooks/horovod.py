@@ -6,7 +6,11 @@ missing (`[missing ranks: ...]`, `Missing ranks:` / `Stalled ranks:` then `N: [t
 warning: Horovod keeps waiting and the job goes on when the late rank comes back (one rank doing extra work,
 evaluation or saving, while the rest wait): a straggler, the late rank(s) the culprit. When Horovod gave up
 (`Will shutdown.`, `Horovod has been shut down`), the late ranks never submitted that tensor: they took another
-path through the code (conditional_collective).
+path through the code (conditional_collective). Two more readings say the same without a shutdown: ranks that each
+lack a tensor another listed rank already submitted (crossed waits: rank 0 waits in a broadcast rank 1 never
+submits while rank 1 waits in an allreduce rank 0 never submits) can never both go on, so they run different
+sequences of collectives and nobody is merely late; and ranks missing while the log says a training loop ended
+(`training_finished`) are ranks that ran fewer steps and stopped submitting.
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ def _gave_up(facts: Facts, first: LogEvent) -> list[Quote]:
     return stalls + later
 
 
+def _crossed_ops(e: LogEvent) -> list[dict]:
+    """The first tensor of each distinct set of missing ranks (at most three), for the summary."""
+    out: dict[frozenset, dict] = {}
+    for op in e.fields.get("ops") or []:
+        key = frozenset(op.get("missing") or ())
+        if key and key not in out:
+            out[key] = {"tensor": str(op.get("tensor")), "missing": sorted(key)}
+    return list(out.values())[:3]
+
+
+def _crossed(e: LogEvent) -> bool:
+    """Two tensors of one warning whose missing ranks are disjoint: each side submitted what the other lacks."""
+    sets = [frozenset(op.get("missing") or ()) for op in e.fields.get("ops") or [] if op.get("missing")]
+    return any(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1 :])
+
+
 @playbook("horovod_stall", order=57)
 def horovod_stall(facts: Facts) -> Iterator[Match]:
     """Horovod's stall warning: which ranks hold the others, and did Horovod ever stop waiting?"""
@@ -71,7 +91,17 @@ def horovod_stall(facts: Facts) -> Iterator[Match]:
     crashed = [e for e in facts.ev.events_of(*_CRASH_KINDS) if e.rank is not None]
     # Ranks named as missing are the late ones, unless the world is known and most of it is missing.
     minority_late = not ready_all or len(missing) <= len(ready_all)
-    if gave_up:
+    crossed = _crossed(last) and not gave_up
+    finished = [e.quote for e in facts.ev.events_of("training_finished")]
+    finished = finished if finished and not gave_up and not crossed and minority_late else []
+    if crossed:
+        # Each rank waits for a tensor the other never submits: not a late rank, a divergence whose side the
+        # warning cannot tell.
+        category, status, culprit, conf = "conditional_collective", "hung", [], 0.72
+    elif finished:
+        # The log says training ended while Horovod still waits for these ranks: they left the loop early.
+        category, status, culprit, conf = "conditional_collective", "hung", sorted(missing), 0.72
+    elif gave_up:
         category, status = "conditional_collective", "hung"
         # Ranks that never submitted a tensor the others did took another path; if most are missing, the few that
         # submitted it are the ones that went their own way.
@@ -92,7 +122,7 @@ def horovod_stall(facts: Facts) -> Iterator[Match]:
     for e in (events[0], last) if last is not events[0] else (last,):
         lines = e.fields.get("lines") or []
         evidence += [q for q in lines[:1] if q != e.quote] + [e.quote]
-    evidence += gave_up[:2]
+    evidence += gave_up[:2] + finished[:2]
     yield Match(
         category,
         conf,
@@ -110,6 +140,9 @@ def horovod_stall(facts: Facts) -> Iterator[Match]:
             "more_tensors": max(0, len(tensors) - 1),
             "gave_up": [message(q.text) for q in gave_up[:1]],
             "minority_late": minority_late,
+            "crossed": crossed,
+            "crossed_ops": _crossed_ops(last) if crossed else [],
+            "finished": [message(q.text) for q in finished[:1]],
         },
         status=status,
     )

@@ -272,10 +272,16 @@ def _rank_or(e, ranks: list[int]) -> int:
     return e.rank if e.rank is not None else ranks[0]
 
 
+# Hugging Face datasets counts its map/filter bars in examples (`unit=" examples"`, before 2.9 in batches `ba`):
+# a bar in these units is data preparation, whatever its description says.
+_DATA_PREP_UNITS = ("examples/s", "s/examples", "ba/s", "s/ba")
+
+
 def _other_work_going_on(e) -> bool:
     """A progress bar of work other than training steps, not at its end."""
     done = e.fields.get("total") and e.fields.get("n") == e.fields.get("total")
-    return any(w in str(e.fields.get("what", "")).lower() for w in _OTHER_WORK) and not done
+    other = any(w in str(e.fields.get("what", "")).lower() for w in _OTHER_WORK)
+    return (other or str(e.fields.get("unit") or "") in _DATA_PREP_UNITS) and not done
 
 
 def _progress(fields: dict) -> str:

@@ -96,6 +96,18 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     return Culprit(ranks=ranks, hosts=hosts, gpus=gpus, processes=procs[:8])
 
 
+def _the_one_aborted(facts: Facts, events: list[LogEvent]) -> list[int]:
+    """A launcher's abort table (MPICH's `job aborted:`) naming one process: a line printed without a rank in the
+    same output (an MPI error stack) is that process's. Two or more processes named: no telling whose it is."""
+    sources = {e.quote.source for e in events}
+    ranks = {
+        e.rank
+        for e in facts.ev.events_of("mpi_abort_entry")
+        if e.rank is not None and e.quote.source in sources
+    }
+    return sorted(ranks) if len(ranks) == 1 else []
+
+
 def _said(events: list[LogEvent]) -> list[dict[str, Any]]:
     """What each row saw, once per row: for the words of the finding."""
     from hangdx.probes import catalogue
@@ -161,6 +173,8 @@ def signals(facts: Facts) -> Iterator[Match]:
             continue
         base = DECISIVE.get(category, DECISIVE_DEFAULT) if decisive else SUGGESTIVE
         culprit = _culprit(events, category)
+        if not culprit.ranks:
+            culprit.ranks = _the_one_aborted(facts, events)
         victims = sorted({e.rank for e in waiting if e.rank is not None} - set(culprit.ranks))
         yield Match(
             category,

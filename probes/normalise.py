@@ -18,7 +18,8 @@ from hangdx.probes.naming import host_from_path, rank_from_name
 
 # CSI (colours, cursor moves), OSC (titles, links) and two-character escapes; bounded, so linear.
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_TORCHRUN = re.compile(r"\[(?:default)?rank(\d{1,9})\]:\s?")
+# torchrun: `[rank3]:` (c10d's log prefix) and `[default3]:` (the elastic agent's `[{role}{local_rank}]:` with --tee).
+_TORCHRUN = re.compile(r"\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
 # Open MPI's `mpirun --tag-output`: `[1,3]<stderr>:` is job 1, rank 3 (the line follows the colon directly).
 _OMPI_TAG = re.compile(r"\[\d{1,9},(\d{1,9})\]<(?:stdout|stderr|stddiag)>:")
 # A shell prompt before a command (`user@gpu-node-03:~/run$ nvidia-smi`, `[user@node17 dir]# dmesg`,
@@ -50,6 +51,8 @@ _GREP_SYSLOG = re.compile(
 )
 # `ip link` rows (`2: eth0: <BROADCAST,...>`) look like srun's `2: ` label; they are not one.
 _IP_LINK_ROW = re.compile(r"\d{1,6}: [\w@.\-]{1,40}: <")
+# Nor are the rows of MPICH mpiexec's `job aborted:` table (`rank: node: exit code: error`): the row is read whole.
+_MPI_ABORT_ROW = re.compile(r"\d{1,7}: [\w.\-]{1,253}: -?\d{1,4}: Fatal error in ")
 # A host label is a node name (`gpu-node-03`, `node17`, `ip-10-0-0-1.ec2.internal`), not a word that ends a
 # Python exception or a logging level.
 _NOT_HOST = re.compile(
@@ -185,7 +188,7 @@ class Normaliser:
                 text = text[m.end() :]
                 continue
             m = _SRUN.match(text)
-            if m and not _IP_LINK_ROW.match(text.lstrip()):
+            if m and not _IP_LINK_ROW.match(text.lstrip()) and not _MPI_ABORT_ROW.match(text.lstrip()):
                 rank, text = int(m.group(1)), text[m.end() :]
                 continue
             m = _RANK_WORD.match(text) or _RANK_TAG.match(text)
@@ -199,6 +202,8 @@ class Normaliser:
             break
         if text.startswith(">") and (len(text) == 1 or text[1] == " "):
             text = text[2:]  # a markdown quote
+        while text.startswith("^C"):
+            text = text[2:]  # the terminal's echo of Ctrl-C, before the traceback it caused
         if text.startswith("**") and text[2:3].strip():
             text = text[2:]  # markdown bold around a pasted line: `**RuntimeError: ...**`
         if text.rstrip().endswith("**") and text.rstrip()[-3:-2].strip():

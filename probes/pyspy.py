@@ -32,6 +32,10 @@ _PROCESS = re.compile(r"^Process (\d+): (.*)$")
 _PYTHON = re.compile(r"^Python v(\S+)")
 # (A paste may lose the thread id: `Thread (idle): "MainThread"`.)
 _THREAD = re.compile(r"^Thread (?:(0x[0-9A-Fa-f]+|\d+) )?\(([a-z+]+)\)(?:: \"(.*)\")?\s*$")
+# A paste that names the thread where py-spy prints its id: `Thread MainThread (idle):`, `Thread-3 (idle):`.
+_NAMED_THREAD = re.compile(
+    r"^(?:Thread )?([A-Za-z_][\w.\-]{0,80}(?:\([\w.\-]{0,80}\))?) \((idle|active|gil|active\+gil|idle\+gil)\):\s*$"
+)
 _FRAME = re.compile(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
 _LOCAL = re.compile(r"^ {12}([^:]+): (.*)$")
 _MARKER = re.compile(r"^# hangdx stack-sample (.*)$")
@@ -53,6 +57,10 @@ def sniff(head: bytes) -> int:
         score += 50
     if re.search(r"^# hangdx stack-sample ", text, re.M):
         score += 40
+    if not score and len(
+        re.findall(r"^(?:Thread )?[A-Za-z_][\w.\-]{0,80} \((?:idle|active)\):\s*\n {4}\S", text, re.M)
+    ):
+        score += 45  # threads pasted by name, each followed by py-spy's indented frames
     return min(score, 95)
 
 
@@ -81,6 +89,8 @@ def claims(line: str) -> int:
     """How surely one line is py-spy's own (see probes/reader.py)."""
     if line.startswith("Thread ") and _THREAD.match(line):
         return 9
+    if line.endswith(":") and _NAMED_THREAD.match(line):
+        return 6
     if line.startswith("Process ") and _PROCESS.match(line) and (" " in line[8:] or "/" in line):
         return 7
     if line.startswith("# hangdx stack-sample"):
@@ -143,6 +153,19 @@ def _parse_text(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             dump.python = m.group(1)
             continue
         m = _THREAD.match(line)
+        named = None if m else _NAMED_THREAD.match(line.rstrip())
+        if named:
+            if dump is None:
+                dump = start_dump(None, None)
+            thread = ThreadStack(
+                tid=None,
+                name=named.group(1),
+                state=_STATES.get(named.group(2), "unknown"),
+                frames=[],
+                quote=Quote(src.name, no, line.rstrip()),
+            )
+            dump.threads.append(thread)
+            continue
         if m:
             if dump is None:
                 dump = start_dump(None, None)

@@ -37,6 +37,25 @@ _COLLECTIVE_WORDS = re.compile(
     r"|\bcomm",
     re.I,
 )
+# pytorch/examples' AverageMeter, which most training scripts copy: `Time 0.783 (2.771)  Data 0.006 (1.204)`, the
+# last value and, in parentheses, the running average. A line with a rank and two such timings (the rank may sit
+# in a bracketed label, `[GPU rank 1] Epoch: [1][30786/34406]`) compares by the averages.
+_METER = re.compile(
+    r"\b(Time|Data|[Bb]atch[ _]time|[Dd]ata[ _]time)\s{1,8}(\d{1,12}(?:\.\d{1,12})?)\s{1,8}\((\d{1,12}(?:\.\d{1,12})?)\)"
+)
+
+
+def _meters(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in _METER.finditer(text):
+        name = m.group(1).lower().replace(" ", "_")
+        name = {"batch_time": "time", "data_time": "data"}.get(name, name)
+        avg = _number(m.group(3))
+        if avg is not None:
+            out.setdefault(name, avg)
+    return out if len(out) >= 2 else {}
+
+
 # A table header: a rank column and at least one timing column (`rank data_time step_time`).
 _HEADER_WORD = re.compile(r"^(?:global_)?rank$|^(?:\w+[_ ])?time(?:\(\w+\))?$|^\w+_time(?:\(\w+\))?$", re.I)
 
@@ -72,6 +91,8 @@ def claims(line: str) -> int:
         return 0
     if _header(line):
         return 7
+    if "ank" in line and _RANK.search(line) and len(_METER.findall(line)) >= 2:
+        return 5
     if (
         "ank" in line
         and _RANK.search(line)
@@ -126,6 +147,10 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             table = None
         last_text = text
         rm = _RANK.search(text)
+        meters = _meters(text) if rm is not None else {}
+        if rm is not None and meters:
+            _add(ev, src, q, int(rm.group(1)), meters, "meters:" + ",".join(sorted(meters)), False, "")
+            continue
         if rm is None or text.startswith(("[", "#")):
             continue
         metrics = {}

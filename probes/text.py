@@ -7,7 +7,8 @@ import re
 # A rank's log may be gigabytes; only the tail matters to a hang.
 MAX_TEXT_BYTES = 32 * 1024 * 1024
 
-_RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d{1,9})\]:\s?")  # {1,9}: int() of 5000 digits raises
+# `[rank3]:` (c10d) or `[default3]:` (torchrun --tee: role and local rank); {1,9}: int() of 5000 digits raises
+_RANK_PREFIX = re.compile(r"^\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
 
 
 # C0 controls but newline and tab, DEL, C1 (0x9b is a CSI of its own), the marks that reorder a line, and lone

@@ -79,6 +79,14 @@ _OOM_TOTAL_OLD = re.compile(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) total capacity;")
 _OOM_FREE_OLD = re.compile(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) free")
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*\S)\s*$')
+# IPython / Jupyter's traceback: a header `KeyboardInterrupt    Traceback (most recent call last)`, then per frame
+# `/path/file.py in func(args)` (or `<ipython-input-5-...> in <module>`) and its source with the current line
+# marked `--> 435`; the exception line `KeyboardInterrupt: ` ends it.
+_IPY_HEAD = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})\s{2,}Traceback \(most recent call last\)\s*$")
+_IPY_FRAME = re.compile(
+    r"^(?:File )?(?P<file>\S{1,1000}?\.py|<ipython-input-[^>]{1,200}>|Cell In\[\d{1,9}\])(?:[:,] line \d{1,9})?,? in (?P<func>[\w<>.]{1,200})(?:\(.{0,2000}\))?\s*$"
+)
+_IPY_ARROW = re.compile(r"^-{1,8}> ?(?P<line>\d{1,9})\b")
 _SIGNAL_NAME = re.compile(r"\((SIG[A-Z0-9]+)\)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1000, "MB": 10**6}
 _UNITS.update({"GB": 10**9, "TB": 10**12})
@@ -240,6 +248,7 @@ class _State:
     progress: dict[tuple, dict] = field(default_factory=dict)  # (rank, what) -> first and last bar seen
     counters: counters.Counters = field(default_factory=counters.Counters)  # step/iter/batch N in log lines
     seen: set = field(default_factory=set)
+    last_code: dict[int | None, str] = field(default_factory=dict)  # per rank: last traceback source line
 
 
 def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> None:
@@ -301,15 +310,16 @@ def _progress(ln: _Line, st: _State) -> None:
             "rate": rate,
             "line": ln,
             "count": 1,
+            "unit": m["unit"],
         }
     else:
-        entry.update(last=n, total=total, rate=rate, line=ln, count=entry["count"] + 1)
+        entry.update(last=n, total=total, rate=rate, line=ln, count=entry["count"] + 1, unit=m["unit"])
 
 
 def _flush_progress(st: _State) -> None:
     for (rank, what), e in st.progress.items():
         _add(st, "progress", e["line"], rank=rank, what=what, first=e["first"], n=e["last"], total=e["total"],
-             rate=e["rate"], count=e["count"])  # fmt: skip
+             rate=e["rate"], count=e["count"], unit=e.get("unit"))  # fmt: skip
 
 
 def _quote(st: _State, ln: _Line) -> Quote:
@@ -353,6 +363,8 @@ def _one(ln: _Line, st: _State) -> None:
         _progress(ln, st)
         return
     st.counters.note(_rank_of(ln, st), ln.msg, ln.lineno, ln)
+    if ln.body[:1].isspace() and ln.body.strip():  # a traceback's source or frame line, even in a fragment
+        st.last_code[ln.rank] = ln.body.strip()[:300]
     _traceback(ln, st)
     if "CUDA error: " in ln.msg or "CUDA driver error: " in ln.msg:
         _cuda_error(ln, st)
@@ -617,6 +629,8 @@ def _mismatch(ln: _Line, st: _State) -> None:
             "devices": p.get("TensorDeviceTypes"),
         }
     diff = ln.msg.split("differ in the following aspects:", 1)
+    tb = st.tb.get(ln.rank) or {}
+    where = [*tb.get("frames", [])[-3:], st.last_code.get(ln.rank, "")]
     reporter = next(iter(prints), None)  # ProcessGroupWrapper names the reporting rank first
     _add(
         st,
@@ -626,6 +640,7 @@ def _mismatch(ln: _Line, st: _State) -> None:
         ranks=sorted(per_rank),
         per_rank=per_rank,
         differences=diff[1].strip() if len(diff) > 1 else None,
+        where=[w for w in where if w],  # the traceback just above: which code issued the collective
     )
 
 
@@ -848,9 +863,17 @@ def _traceback(ln: _Line, st: _State) -> None:
         st.tb[key] = {"frames": []}
         st.last_exc.pop(key, None)
         return
+    head = _IPY_HEAD.match(body) if "Traceback (most recent call last)" in body else None
+    if head:
+        st.tb[key] = {"frames": [], "ipython": head["type"]}
+        st.last_exc.pop(key, None)
+        return
     tb = st.tb.get(key)
     if tb is None:
         _exception_continuation(ln, st)
+        return
+    if tb.get("ipython") and not _ipython_exception(body, tb["ipython"]):
+        _ipython_line(ln, body, tb)
         return
     f = _FRAME.match(body)
     if f:
@@ -875,6 +898,26 @@ def _traceback(ln: _Line, st: _State) -> None:
         st.last_exc[key] = e
     if m["type"] == "KeyboardInterrupt" and tb.get("where"):
         _interrupted(st, tb["where"], ln, key)
+
+
+def _ipython_exception(body: str, exc_type: str) -> bool:
+    """The line that ends an IPython traceback: its exception type named again (`KeyboardInterrupt: `)."""
+    return body.startswith(exc_type) and (len(body) == len(exc_type) or body[len(exc_type)] == ":")
+
+
+def _ipython_line(ln: _Line, body: str, tb: dict) -> None:
+    """A frame of an IPython traceback (`file.py in func(...)`), or the `--> N` arrow that gives its line."""
+    f = _IPY_FRAME.match(body.strip())
+    if f:
+        tb.setdefault("where", []).append((f["func"], f["file"], 0, ln))
+        tb["frames"].append(f"{f['file']}:? in {f['func']}")
+        return
+    a = _IPY_ARROW.match(body.strip())
+    if a and tb.get("where"):
+        func, file, line, fl = tb["where"][-1]
+        if not line:
+            tb["where"][-1] = (func, file, int(a["line"]), fl)
+            tb["frames"][-1] = f"{file}:{a['line']} in {func}"
 
 
 def _interrupted(st: _State, where: list, ln: _Line, rank: int | None) -> None:

@@ -57,6 +57,7 @@ class Row:
     priority: int = 0
     decisive: bool = True
     top_only: bool = False
+    delegates: bool = False  # the thread only serves a runtime: the program's work runs on another thread
     examples: tuple[str, ...] = ()
 
     def match_file(self, path: str) -> bool:
@@ -155,6 +156,7 @@ def _row(d: dict) -> Row:
         priority=int(d.get("priority", 0)),
         decisive=bool(d.get("decisive", True)),
         top_only=bool(d.get("top_only", False)),
+        delegates=bool(d.get("delegates", False)),
         examples=_as_tuple(d.get("examples")),
     )
 

@@ -105,3 +105,39 @@ def test_odd_text_never_raises():
         reader.read_text([text], Source("x.log"), ev)
         engine.run(ev)
     assert not read(b"One or more tensors were submitted to be reduced, gathered\n").events
+
+
+CROSSED = (
+    b"[1,0]<stderr>:[2020-07-04 19:23:57.817885: W horovod/common/stall_inspector.cc:105] One or more tensors were "
+    b"submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for remainder of ranks for "
+    b"more than 60 seconds. This may indicate that different ranks are trying to submit different tensors or that "
+    b"only subset of ranks is submitting tensors, which will cause deadlock. \n"
+    b"[1,0]<stderr>:Stalled ranks:\n"
+    b"[1,0]<stderr>:0: [HorovodBroadcast_w_0, HorovodBroadcast_b_0]\n"
+    b"[1,0]<stderr>:1: [HorovodAllreduce_grad_w_0, HorovodAllreduce_grad_b_0]\n"
+)
+
+
+def test_crossed_waits_are_a_divergence_not_a_late_rank():
+    # Rank 0 lacks the broadcasts rank 1 submitted, rank 1 the allreduces rank 0 submitted: neither can go on.
+    rc = engine.run(read(CROSSED)).root_cause
+    assert rc.category == "conditional_collective", rc.summary
+    assert rc.culprit.ranks == []  # the warning cannot say which side took the other path
+    assert "crossed waits" in rc.summary and "rank 1 never submitted HorovodAllreduce_grad_w_0" in rc.summary
+
+
+def test_a_rank_merely_late_on_the_same_tensors_stays_a_straggler():
+    late = CROSSED.replace(
+        b"[HorovodAllreduce_grad_w_0, HorovodAllreduce_grad_b_0]", b"[HorovodBroadcast_w_0]"
+    )
+    rc = engine.run(read(late)).root_cause
+    assert rc.category == "straggler", rc.summary
+
+
+def test_missing_ranks_after_training_ended_left_the_loop_early():
+    finished = b"INFO:tensorflow:Loss for final step: 3.3031716.\nstart wait for other node.\n"
+    rc = engine.run(read(finished + PER_OP)).root_cause
+    assert rc.category == "conditional_collective", rc.summary
+    assert "left the training loop" in rc.summary
+    without = engine.run(read(PER_OP)).root_cause
+    assert without.category != "conditional_collective" or "left the training loop" not in without.summary
