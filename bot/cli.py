@@ -405,7 +405,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     sys.stdout.write(f"{args.name}: {len(recs)} incident(s)\n")
     for r in recs:
         how = f"  resolved by: {r['resolution']}" if r["resolution"] else ""
-        line = f"  {r['day']}  job {r['job']}  {r['category']} ({r['as']})  {r['summary'][:120]}{how}"
+        runs = f" (diagnosed {r['diagnoses']} times)" if r.get("diagnoses", 1) > 1 else ""
+        line = f"  {r['day']}  job {r['job']}{runs}  {r['category']} ({r['as']})  {r['summary'][:120]}{how}"
         sys.stdout.write(printable(line, multiline=False) + "\n")
     return 0
 

@@ -80,6 +80,28 @@ def _culprit(d: dict[str, Any] | None) -> str:
     )
 
 
+# A thread link as the fleet memory writes it, once escaped: `job 812 (https://slack.com/app_redirect?...)`.
+_THREAD_REF = re.compile(
+    r"job ([^\s()<>|]{1,200}) \((https://slack\.com/app_redirect\?channel=[A-Z0-9]{2,30}&amp;message_ts=[0-9]{6,12}\.[0-9]{1,9})\)"
+)
+NOTES_MAX = 8
+
+
+def linked(escaped: str) -> str:
+    """Escaped text whose `job 812 (https://…)` thread references become Slack links named `job 812`."""
+    return _THREAD_REF.sub(lambda m: f"<{m.group(2)}|job {m.group(1)}>", escaped)
+
+
+def _notes_block(notes: list[str]) -> dict[str, Any] | None:
+    """The verdict's notes, the most useful first (a known fix, a node to drain), each whole: none cut mid-link."""
+    from hangdx.bot.memory import note_rank
+
+    lines = [f"• {linked(escape(clip(str(n), 900), 1100))}" for n in sorted(notes, key=note_rank)[:NOTES_MAX]]
+    while lines and len("*Notes*\n" + "\n".join(lines)) > SECTION_MAX:
+        lines.pop()
+    return _section("*Notes*\n" + "\n".join(lines)) if lines else None
+
+
 def _code(lines: list[str]) -> str:
     # Triple backticks inside a quoted line would close the code block early.
     return "```" + "\n".join(line.replace("```", "'''") for line in lines) + "```"
@@ -214,6 +236,9 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
         blocks.append(_section(f"*Summary*\n{escape(rc.get('summary') or '')}"))
         if rc.get("fix"):
             blocks.append(_section(f"*Fix*\n{escape(rc['fix'])}"))
+        notes_block = _notes_block(verdict.get("notes") or [])
+        if notes_block:
+            blocks.append(notes_block)
         evidence = _evidence_block(top)
         if evidence:
             blocks.append(evidence)
@@ -232,9 +257,8 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
     if others:
         context.append("Also considered: " + "; ".join(others))
     notes = verdict.get("notes") or []
-    if notes:
-        # As written: a note starts with a node name or holds a thread link, which a change of case breaks.
-        context.append("Notes: " + "; ".join(escape(n, 300) for n in notes[:3]))
+    if notes and not rc:
+        context.append("Notes: " + "; ".join(linked(escape(n, 600)) for n in notes[:NOTES_MAX]))
     gaps = verdict.get("gaps") or []
     if gaps:
         context.append("Not collected: " + "; ".join(escape(g) for g in gaps[:5]))
@@ -413,7 +437,7 @@ def handoff_blocks(
     blocks += _week_blocks(week or {})
     if lemons:
         lines = [
-            f"• {escape(host, 200)}: culprit in {n} incidents (jobs {escape(', '.join(jobs[:5]), 1500)})"
+            f"• {escape(host, 200)}: culprit in {n} incidents ({linked(escape(', '.join(jobs[:5]), 1500))})"
             for host, n, jobs in lemons[:10]
         ]
         blocks.append(
@@ -449,7 +473,8 @@ def history_blocks(name: str, records: list[dict[str, Any]]) -> list[dict[str, A
     if not records:
         return blocks + [_section("No incident involved it in the fleet memory.")]
     for r in records[:INCIDENTS_MAX]:
-        line = f"*{escape(r['day'], 20)}* job {escape(r['job'], 200)}: `{escape(r['category'], 60)}` ({escape(r['as'], 10)})"
+        runs = f" (diagnosed {r['diagnoses']} times)" if int(r.get("diagnoses") or 1) > 1 else ""
+        line = f"*{escape(r['day'], 20)}* job {escape(r['job'], 200)}{runs}: `{escape(r['category'], 60)}` ({escape(r['as'], 10)})"
         line += f"\n{clip(escape(r['summary'], 400), 400)}"
         if r.get("resolution"):
             line += f"\nResolved by: {clip(escape(r['resolution'], 300), 300)}"
