@@ -165,11 +165,12 @@ def _actions_block(job_id: str) -> dict[str, Any]:
 
 
 def _confirm(title: str, text: str, go: str) -> dict[str, Any]:
+    # "Go back", not "Cancel": under "Cancel job?" two buttons read "Cancel".
     return {
         "title": _plain(title, 100),
         "text": {"type": "mrkdwn", "text": clip(text, 300)},
         "confirm": _plain(go, 30),
-        "deny": _plain("Cancel", 30),
+        "deny": _plain("Go back", 30),
         "style": "danger",
     }
 
@@ -192,7 +193,7 @@ def _slurm_block(job_id: str, hosts: list[str]) -> dict[str, Any] | None:
     ):
         buttons.append({
             "type": "button", "action_id": ACTION_PREFIX + action, "text": _plain(label, 75), "value": job_id,
-            "confirm": _confirm(f"{label}?", f"Job *{job_id}* will be {what}.", label.split()[0]),
+            "confirm": _confirm(f"{label}?", f"Job *{job_id}* will be {what}.", label),
         })  # fmt: skip
     return {"type": "actions", "block_id": "hangdx_slurm", "elements": buttons}
 
@@ -209,9 +210,10 @@ def confirm_blocks(what: str, nonce: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str, Any]]:
+def verdict_blocks(verdict: dict[str, Any], job_id: str | None, slurm: bool = False) -> list[dict[str, Any]]:
     """The verdict message: status, root cause, culprit, summary, fix, evidence, next steps, and the buttons
-    of the job's incident (none for pasted evidence, `job_id` None)."""
+    of the job's incident (none for pasted evidence, `job_id` None); the Slurm buttons only for a job Slurm
+    knows (`slurm`: the caller asked it)."""
     status = str(verdict.get("status") or "unknown")
     icon = _STATUS_ICON.get(status, "⚪")
     title = f"Job {job_id}" if job_id else "Pasted evidence"
@@ -272,9 +274,10 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
     if not job_id:
         return blocks[:BLOCKS_MAX]
     tail = [_actions_block(job_id)]
-    slurm = _slurm_block(job_id, [str(h) for h in ((rc or {}).get("culprit") or {}).get("hosts") or []])
-    if slurm is not None:
-        tail.append(slurm)
+    hosts = [str(h) for h in ((rc or {}).get("culprit") or {}).get("hosts") or []]
+    slurm_block = _slurm_block(job_id, hosts) if slurm else None
+    if slurm_block is not None:
+        tail.append(slurm_block)
     # The action blocks are last and must survive the cap.
     return blocks[: BLOCKS_MAX - len(tail)] + tail
 
@@ -452,8 +455,9 @@ def _week_blocks(week: dict[str, list]) -> list[dict[str, Any]]:
     """The hand-off's week: what was done from hangdx, repeat hangs, what was resolved and how."""
     out = []
     if week.get("actions"):
-        lines = [f"• {escape(a['action'], 20)} {escape(a['target'], 200)} (job {escape(a['job'], 100)}, by "
-                 f"{mention(a['user'])})" for a in week["actions"][-10:]]  # fmt: skip
+        lines = [f"• {escape(a['action'], 20)} {escape(a['target'], 200)} ("
+                 + (f"job {escape(a['job'], 100)}, " if a.get("job") else "") + f"by {mention(a['user'])})"
+                 for a in week["actions"][-10:]]  # fmt: skip
         out.append(_section("*Done this week*\n" + "\n".join(lines)))
     if week.get("repeats"):
         lines = [f"• `{escape(r['category'], 60)}` in {escape(r['where'], 200)}: jobs "
