@@ -207,7 +207,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         raise UsageError(
             f"nothing hangdx can read in {', '.join(args.paths)}" + (f" ({reasons})" if reasons else "")
         )
-    _print(engine.run(ev), args.json, args.verbose)
+    from hangdx.bot.diagnosis import name_hosts_apart
+
+    _print(name_hosts_apart(engine.run(ev), ev), args.json, args.verbose)
     return 0
 
 

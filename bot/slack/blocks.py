@@ -292,7 +292,13 @@ def analysis_blocks(verdict: dict[str, Any]) -> list[dict[str, Any]]:
     if skipped:
         more = f"; and {len(skipped) - 8} more" if len(skipped) > 8 else ""
         said.append("Skipped: " + "; ".join(skipped[:8]) + more)
-    blocks = verdict_blocks(verdict, None)[: BLOCKS_MAX - 1]
+    # Nothing was collected from a paste: what could not be used is said with what was read and skipped.
+    gaps = [escape(g, 200) for g in verdict.get("gaps") or []]
+    if gaps:
+        said.append(
+            "Could not use: " + "; ".join(gaps[:5]) + (f"; and {len(gaps) - 5} more" if len(gaps) > 5 else "")
+        )
+    blocks = verdict_blocks({**verdict, "gaps": []}, None)[: BLOCKS_MAX - 1]
     if said:
         blocks.append(
             {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(t, SECTION_MAX)} for t in said]}
