@@ -128,8 +128,13 @@ def indistinct_hosts(ev: Evidence) -> dict[str, str]:
     of one local rank under one name)."""
     out: dict[str, str] = {}
     seen: dict[str, dict[int, set[int]]] = {}
-    records = [(e.host, e.rank, e.fields.get("local_rank")) for e in ev.events]
+    # Global ranks with their LOCAL_RANK only: torchrun's failure table and the processes' environment (NCCL's
+    # init lines give a rank and local rank per communicator, which differ for one process).
+    records = [
+        (e.host, e.rank, e.fields.get("local_rank")) for e in ev.events if e.kind == "torchrun_failure"
+    ]
     records += [(p.host, p.rank, p.local_rank) for p in ev.processes]
+    records += [(e.host, None, None) for e in ev.events]
     for host, rank, local in records:
         if not isinstance(host, str) or not host:
             continue

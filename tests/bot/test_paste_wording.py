@@ -13,11 +13,14 @@ NVIDIA/nccl#928); the chat lines are ours.
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from hangdx.bot.diagnosis import analyze_texts
 
 from .test_analyze_in_slack import CHANNEL, ONCALL, _slack_escaped, bot, mention, real, verdict_in  # noqa: F401
 from .test_incidents import redis_url  # noqa: F401
+
+TORCH_LOG = Path(__file__).resolve().parent.parent / "fixtures" / "torch_log"
 
 
 def _contexts(blocks: list[dict]) -> list[str]:
@@ -54,3 +57,20 @@ def test_a_host_name_every_rank_printed_is_not_a_culprit_host(bot):  # noqa: F81
     text = real("rank_crashed__vllm-project-speculators-1115")
     offline = analyze_texts([("message 1", io.BytesIO(text.encode()))]).to_dict()
     assert offline["root_cause"]["culprit"]["hosts"] == []
+
+
+def test_two_pods_printing_one_host_name_name_no_culprit_host(bot):  # noqa: F811
+    """Two nodes of a real torchrun job, each in a UTS namespace called `trainer` (tests/fixtures/torch_log/)."""
+    url, slack = bot
+    root = slack.say(CHANNEL, "both pods of the job died, logs below", user=ONCALL)
+    for node in (0, 1):
+        text = (TORCH_LOG / f"two_pods_trainer_node{node}.log").read_text()
+        slack.say(CHANNEL, _slack_escaped(text), user=ONCALL, thread_ts=root)
+    mention(url, slack, root)
+    v = verdict_in(slack, root)
+    assert (v["fields"]["Root cause"], v["fields"]["Culprit"]) == (
+        "rank_crashed",
+        "rank 2",
+    )  # before: host trainer
+    note = "trainer: not named as a culprit host: printed by more than one machine (ranks 0 and 2 are both its local rank 0)"
+    assert note in v["all"]
