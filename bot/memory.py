@@ -66,7 +66,9 @@ def signature(verdict: dict[str, Any], roles: dict[str, list[str]] | None = None
         text = rc["category"] + "|" + "|".join(f"{k}={'/'.join(v)}" for k, v in sorted(roles.items()))
         apart, crowd = _innermost(roles.get("apart") or []), _innermost(roles.get("crowd") or [])
         where = f"{apart}; the others in {crowd}" if apart and crowd else (apart or crowd)
-        return hashlib.sha256(text.encode()).hexdigest()[:16], where
+        return hashlib.sha256(text.encode()).hexdigest()[:16], where[
+            :300
+        ]  # a stack's names are the job's to pick
     findings = verdict.get("findings") or []
     quotes = (findings[0].get("evidence") or []) if findings else []
     frames: dict[str, None] = {}
