@@ -220,7 +220,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         raise UsageError(
             f"nothing hangdx can read in {', '.join(args.paths)}" + (f" ({reasons})" if reasons else "")
         )
-    _print(engine.run(ev), args.json, args.verbose)
+    from hangdx.bot.diagnosis import name_hosts_apart
+
+    _print(name_hosts_apart(engine.run(ev), ev), args.json, args.verbose)
     return 0
 
 
@@ -390,7 +392,38 @@ def cmd_slurm_action(args: argparse.Namespace) -> int:
     except slurm_actions.ActionError as e:
         raise UsageError(str(e)) from None
     sys.stdout.write(printable(said) + "\n")
+    job = args.job if args.command == "drain" else args.job_id
+    _record_action(args.command, job, args.node if args.command == "drain" else job, said)
     return 0
+
+
+def _record_action(action: str, job: str | None, target: str, said: str) -> None:
+    """A drain, requeue or cancel done from the command line, as the Slack buttons do: on the job's incident when
+    there is one, and in the fleet memory for the hand-off. Done already: a Redis that cannot say is one line."""
+    import getpass
+
+    import redis
+
+    from hangdx.bot.incidents import IncidentStore, StoreUnavailable, connect
+    from hangdx.bot.memory import Memory
+
+    try:
+        who = f"{getpass.getuser()} (command line)"
+    except (KeyError, OSError):
+        who = "command line"
+    try:
+        cfg = _bot_config()
+        conn = connect(cfg.redis_url)
+        store = IncidentStore(conn)
+        if job and store.get(job) is not None:
+            store.add_event(job, who, action, said)
+            sys.stdout.write(printable(f"recorded on the incident of job {job}", multiline=False) + "\n")
+        Memory(conn).note_action(job or "", action, target, who)
+    except (UsageError, StoreUnavailable, redis.exceptions.RedisError) as e:
+        why = " ".join(str(e).split())[:200]
+        sys.stderr.write(
+            printable(f"hangdx: {action} done, but not recorded for the hand-off: {why}", False) + "\n"
+        )
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -418,7 +451,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     sys.stdout.write(f"{args.name}: {len(recs)} incident(s)\n")
     for r in recs:
         how = f"  resolved by: {r['resolution']}" if r["resolution"] else ""
-        line = f"  {r['day']}  job {r['job']}  {r['category']} ({r['as']})  {r['summary'][:120]}{how}"
+        runs = f" (diagnosed {r['diagnoses']} times)" if r.get("diagnoses", 1) > 1 else ""
+        line = f"  {r['day']}  job {r['job']}{runs}  {r['category']} ({r['as']})  {r['summary'][:120]}{how}"
         sys.stdout.write(printable(line, multiline=False) + "\n")
     return 0
 

@@ -14,6 +14,7 @@ from hangdx.playbooks import engine
 from hangdx.playbooks.verdict import Verdict
 from hangdx.probes.hosts import HostSpec, SshSettings
 from hangdx.probes.local import JobNotFound, collect_local, evidence_for_job
+from hangdx.probes.model import Evidence
 
 # A job id reaches /proc scans, file names, Slack messages and remote scripts: keep it to a safe alphabet.
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
@@ -146,6 +147,50 @@ def judge(docs: list[dict], job_id: str, vouched: set[str], notes: list[str]) ->
     return verdict
 
 
+# Names every machine gives itself (not addresses: a bundle names the nodes it probed by address, 127.0.0.2 too).
+_LOOPBACK = re.compile(r"(?i)localhost(?:\.localdomain)?|ip6-localhost|ip6-loopback")
+
+
+def indistinct_hosts(ev: Evidence) -> dict[str, str]:
+    """Host names in offline evidence that do not tell machines apart, each with why: a loopback name (every
+    machine has it), or one name printed by processes of several machines (two pods called `trainer`: two ranks
+    of one local rank under one name)."""
+    out: dict[str, str] = {}
+    seen: dict[str, dict[int, set[int]]] = {}
+    # Global ranks with their LOCAL_RANK only: torchrun's failure table and the processes' environment (NCCL's
+    # init lines give a rank and local rank per communicator, which differ for one process).
+    records = [
+        (e.host, e.rank, e.fields.get("local_rank")) for e in ev.events if e.kind == "torchrun_failure"
+    ]
+    records += [(p.host, p.rank, p.local_rank) for p in ev.processes]
+    records += [(e.host, None, None) for e in ev.events]
+    for host, rank, local in records:
+        if not isinstance(host, str) or not host:
+            continue
+        if _LOOPBACK.fullmatch(host):
+            out[host] = "a loopback name, which every machine has"
+        if isinstance(rank, int) and isinstance(local, int):
+            seen.setdefault(host, {}).setdefault(local, set()).add(rank)
+    for host, by_local in seen.items():
+        for local, ranks in sorted(by_local.items()):
+            if len(ranks) > 1 and host not in out:
+                a, b = sorted(ranks)[:2]
+                out[host] = (
+                    f"printed by more than one machine (ranks {a} and {b} are both its local rank {local})"
+                )
+    return out
+
+
+def name_hosts_apart(verdict: Verdict, ev: Evidence) -> Verdict:
+    """Offline evidence: a culprit host only where the evidence tells hosts apart; a note says which were not."""
+    bad = indistinct_hosts(ev)
+    named = {h for f in verdict.findings for h in f.culprit.hosts}
+    dropped = verdict.confine_hosts(named - set(bad))
+    for host in dropped:
+        verdict.notes.append(f"{host}: not named as a culprit host: {bad.get(host, 'not told apart')}")
+    return verdict
+
+
 def verdict_of(docs: list[dict], job_id: str) -> Verdict:
     try:
         ev = evidence_for_job(docs, job_id)
@@ -188,7 +233,7 @@ def analyze_texts(parts: list[tuple[str, BinaryIO]]) -> Verdict | None:
         reader.read_any(stream, Source(name), ev, limit=reader.STDIN_MAX)
     if not reader.readable(ev):
         return None
-    verdict = engine.run(ev)
+    verdict = name_hosts_apart(engine.run(ev), ev)
     verdict.elapsed_seconds = time.monotonic() - started
     return verdict
 

@@ -759,4 +759,10 @@ def verdict_markdown(v: dict[str, Any]) -> str:
             f"- `{f['category']}` ({f.get('confidence', 0):.2f}): {f.get('summary', '')}"
             for f in findings[1:]
         ]
+    notes = v.get("notes") or []
+    if notes:
+        from hangdx.bot.memory import note_rank
+
+        # The fleet memory's notes (a known fix, a lemon node) first, as in Slack.
+        out += ["", "**Notes:**", "", *[f"- {n}" for n in sorted(map(str, notes), key=note_rank)]]
     return "\n".join(out) + "\n"

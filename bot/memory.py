@@ -49,12 +49,26 @@ def lemon_rule() -> tuple[int, int]:
     return int_setting("HANGDX_LEMON_COUNT", 3), int_setting("HANGDX_LEMON_DAYS", 14)
 
 
-def signature(verdict: dict[str, Any]) -> tuple[str | None, str]:
-    """(signature, where) of a software root cause: the user frames its evidence quotes, without line numbers;
-    (None, "") for a hardware cause or evidence with no frame."""
+def _innermost(places: list[str]) -> str:
+    """`collective:allreduce < log_metrics (job.py) < main (job.py)` -> `log_metrics (job.py)`."""
+    return ", ".join(dict.fromkeys(p.split(" < ")[1] for p in places if " < " in p))
+
+
+def signature(verdict: dict[str, Any], roles: dict[str, list[str]] | None = None) -> tuple[str | None, str]:
+    """(signature, where) of a software root cause; (None, "") for a hardware cause or nothing to go on.
+
+    From the stacks when a live diagnosis has them (`roles`, playbooks/roles.py: per rank role, the wait and the
+    user frames under it); else from the user frames its evidence quotes. Never with line numbers, which shift."""
     rc = verdict.get("root_cause") or {}
     if rc.get("category") not in SOFTWARE:
         return None, ""
+    if roles:
+        text = rc["category"] + "|" + "|".join(f"{k}={'/'.join(v)}" for k, v in sorted(roles.items()))
+        apart, crowd = _innermost(roles.get("apart") or []), _innermost(roles.get("crowd") or [])
+        where = f"{apart}; the others in {crowd}" if apart and crowd else (apart or crowd)
+        return hashlib.sha256(text.encode()).hexdigest()[:16], where[
+            :300
+        ]  # a stack's names are the job's to pick
     findings = verdict.get("findings") or []
     quotes = (findings[0].get("evidence") or []) if findings else []
     frames: dict[str, None] = {}
@@ -73,6 +87,13 @@ def signature(verdict: dict[str, Any]) -> tuple[str | None, str]:
     return digest, where
 
 
+def note_rank(note: str) -> int:
+    """Notes by use: a known fix first, then a node to drain, then the rest as they came."""
+    if note.startswith("same hang as job ") and ", resolved by: " in note:
+        return 0
+    return 1 if note.startswith("lemon: ") else 2
+
+
 def _culprits(verdict: dict[str, Any]) -> dict[str, list[str]]:
     c = (verdict.get("root_cause") or {}).get("culprit") or {}
     return {k: [str(x) for x in (c.get(k + "s") or []) if x][:50] for k in ("host", "gpu", "link")}
@@ -88,7 +109,20 @@ def thread_link(channel: str | None, thread_ts: str | None) -> str:
 
 
 def _job_ref(rec: dict[str, str]) -> str:
-    return f"{rec['job']} ({rec['link']})" if rec.get("link") else rec["job"]
+    """`job 812`, with its thread's link after it when known: `job 812 (https://...)` (Slack shows it as a link
+    named `job 812`: bot/slack/blocks.py)."""
+    return f"job {rec['job']} ({rec['link']})" if rec.get("link") else f"job {rec['job']}"
+
+
+def _by_job(recs: Any) -> list[dict[str, str]]:
+    """One record per job (its latest verdict, with the resolution any of its verdicts was given), newest first:
+    a re-run diagnoses the same incident again."""
+    out: dict[str, dict[str, str]] = {}
+    for r in sorted(recs, key=lambda r: float(r["time"])):
+        resolution = r.get("resolution") or (out.get(r["job"]) or {}).get("resolution")
+        runs = int((out.get(r["job"]) or {}).get("runs") or 0) + 1
+        out[r["job"]] = {**r, "runs": str(runs), **({"resolution": resolution} if resolution else {})}
+    return sorted(out.values(), key=lambda r: -float(r["time"]))
 
 
 def _day(t: float) -> str:
@@ -113,22 +147,30 @@ class Memory:
                 out.append(rec)
         return out
 
-    def recall(self, job: str, verdict: dict[str, Any], now: float | None = None) -> list[str]:
-        """Notes for a new verdict: what it matches in the memory (before it is remembered itself)."""
+    def recall(
+        self,
+        job: str,
+        verdict: dict[str, Any],
+        now: float | None = None,
+        roles: dict[str, list[str]] | None = None,
+    ) -> list[str]:
+        """Notes for a new verdict: what it matches in the memory (before it is remembered itself), the most
+        useful first (a known fix, a node to drain)."""
         now = time.time() if now is None else now
         notes: list[str] = []
         count, days = lemon_rule()
         for kind, names in _culprits(verdict).items():
             for name in names:
-                before = self._earlier(kind, name, now - days * 86400)
+                # An incident is a job: its re-runs are not earlier incidents, nor is the job itself.
+                before = _by_job(r for r in self._earlier(kind, name, now - days * 86400) if r["job"] != job)
                 if not before:
                     continue
-                jobs = ", ".join(dict.fromkeys(_job_ref(r) for r in reversed(before)))
+                jobs = ", ".join(_job_ref(r) for r in before)
                 what = {"host": "", "gpu": "GPU ", "link": "link "}[kind]
                 plural = "s" if len(before) > 1 else ""
                 notes.append(
                     f"{what}{name} was the culprit in {len(before)} earlier incident{plural} in {days} days "
-                    f"(jobs {jobs})"
+                    f"({jobs})"
                 )
                 if len(before) + 1 >= count:
                     drain = (
@@ -139,14 +181,17 @@ class Memory:
                     notes.append(
                         f"lemon: {what}{name}, culprit in {len(before) + 1} incidents in {days} days{drain}"
                     )
-        sig, where = signature(verdict)
+        sig, where = signature(verdict, roles)
         if sig:
-            same = [r for r in self._earlier("sig", sig, now - retention_days() * 86400) if r["job"] != job]
+            same = _by_job(
+                r for r in self._earlier("sig", sig, now - retention_days() * 86400) if r["job"] != job
+            )
             if same:
-                last = max(same, key=lambda r: float(r["time"]))
+                # The latest incident whose fix is known, else the latest one.
+                last = next((r for r in same if r.get("resolution")), same[0])
                 resolved = f", resolved by: {last['resolution']}" if last.get("resolution") else ""
                 notes.append(
-                    f"same hang as job {_job_ref(last)} on {_day(float(last['time']))} ({last['category']} in "
+                    f"same hang as {_job_ref(last)} on {_day(float(last['time']))} ({last['category']} in "
                     f"{where}){resolved}"
                 )
         before = self._earlier("job", job, now - retention_days() * 86400)
@@ -156,7 +201,7 @@ class Memory:
                 f"job {job} was diagnosed before ({len(before)} time{'s' if len(before) > 1 else ''}; last on "
                 f"{_day(float(last['time']))}: {last['category']})"
             )
-        return notes
+        return sorted(notes, key=note_rank)
 
     def remember(
         self,
@@ -165,12 +210,13 @@ class Memory:
         now: float | None = None,
         channel: str | None = None,
         thread_ts: str | None = None,
+        roles: dict[str, list[str]] | None = None,
     ) -> str:
         """Keep the verdict's fingerprint (and where its thread is); its id."""
         now = time.time() if now is None else now
         rc = verdict.get("root_cause") or {}
         ident = f"{job}:{int(now * 1000)}"
-        sig, where = signature(verdict)
+        sig, where = signature(verdict, roles)
         culprits = _culprits(verdict)
         keep = retention_days() * 86400
         pipe = self.r.pipeline(transaction=True)
@@ -205,15 +251,17 @@ class Memory:
     def history(self, name: str) -> list[dict[str, Any]]:
         """Every remembered incident of a job, host, GPU or link, newest first."""
         since = time.time() - retention_days() * 86400
-        recs: dict[str, dict[str, Any]] = {}
+        seen: dict[str, dict[str, str]] = {}
         for kind in ("job", "host", "gpu", "link"):
             for r in self._earlier(kind, name, since):
-                recs[f"{r['job']}:{r['time']}"] = {
-                    "job": r["job"], "time": float(r["time"]), "day": _day(float(r["time"])),
-                    "category": r["category"], "summary": r["summary"], "resolution": r.get("resolution") or None,
-                    "as": kind,
-                }  # fmt: skip
-        return sorted(recs.values(), key=lambda r: -r["time"])
+                seen.setdefault(f"{r['job']}:{r['time']}", {**r, "as": kind})
+        # One row per incident (job), however often it was diagnosed: its latest verdict.
+        return [
+            {"job": r["job"], "time": float(r["time"]), "day": _day(float(r["time"])), "category": r["category"],
+             "summary": r["summary"], "resolution": r.get("resolution") or None, "as": r["as"],
+             "diagnoses": int(r["runs"])}
+            for r in _by_job(seen.values())
+        ]  # fmt: skip
 
     def note_action(self, job: str, action: str, target: str, user: str, now: float | None = None) -> None:
         """A drain, requeue or cancel done from hangdx, for the hand-off's week."""
@@ -242,7 +290,7 @@ class Memory:
                 )
         for key in self.r.scan_iter(match=f"{PREFIX}job:*", count=500):
             name = (key.decode() if isinstance(key, bytes) else key)[len(PREFIX + "job:") :]
-            for r in self._earlier("job", name, since):
+            for r in _by_job(self._earlier("job", name, since)):
                 if r.get("resolution"):
                     resolved.append(
                         {"job": r["job"], "category": r["category"], "resolution": r["resolution"]}
@@ -257,7 +305,7 @@ class Memory:
         for key in self.r.scan_iter(match=f"{PREFIX}host:*", count=500):
             key = key.decode() if isinstance(key, bytes) else key
             host = key[len(PREFIX + "host:") :]
-            recs = self._earlier("host", host, now - days * 86400)
+            recs = _by_job(self._earlier("host", host, now - days * 86400))
             if len(recs) >= count:
-                out.append((host, len(recs), list(dict.fromkeys(_job_ref(r) for r in reversed(recs)))))
+                out.append((host, len(recs), [_job_ref(r) for r in recs]))
         return sorted(out, key=lambda x: (-x[1], x[0]))

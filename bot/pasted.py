@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.request
@@ -216,6 +217,16 @@ def _is_text_file(f: dict) -> bool:
     )
 
 
+def _without_request(text: str, own: set[str]) -> str:
+    """A message's text without a leading `@hangdx analyze` (or `diagnose ...`): the request is not evidence, what
+    was pasted under it is."""
+    for uid in own:
+        m = re.match(rf"\s*<@{re.escape(uid)}(?:\|[^>]*)?>\s*(?:analy[sz]e\b[^\n]*)?", text)
+        if m:
+            return text[m.end() :]
+    return text
+
+
 def parts_of(
     messages: list[dict], token: str, api_url: str | None, skip_users: set[str]
 ) -> tuple[list[tuple[str, Any]], Budget]:
@@ -227,9 +238,11 @@ def parts_of(
             continue  # hangdx's own replies and verdicts
         who = m.get("user") if isinstance(m.get("user"), str) else "someone"
         text = m.get("text")
-        if isinstance(text, str) and text.strip():
+        if isinstance(text, str):
             # Slack escapes &, < and > in message text; the reader wants what the person pasted.
-            data = html.unescape(text).encode("utf-8", "replace")
+            text = _without_request(html.unescape(text), skip_users)
+        if isinstance(text, str) and text.strip():
+            data = text.encode("utf-8", "replace")
             parts.append((f"message {i} ({who})", _Text(f"message {i}", data, budget)))
         for f in m.get("files") or []:
             if not isinstance(f, dict):
@@ -265,8 +278,36 @@ def analyze(client: WebClient, req: AnalyzeRequest, token: str, api_url: str | N
     if verdict is None:
         return None
     out = _redacted(json.loads(render.to_json(verdict)))
-    out["skipped"] = [redact(s) for s in budget.skipped]
+    out["gaps"], chat = _brief_gaps(out.get("gaps") or [])
+    out["skipped"] = chat + [redact(s) for s in budget.skipped]
     return out
+
+
+# What the reader says of a part with no evidence in it (with the 25 kinds it looked for).
+_NO_EVIDENCE = re.compile(
+    r"(?P<part>.+?): not a known artifact \((?P<what>[^)]*)\): skipped(?: \(looked for .*\))?", re.S
+)
+_CHAT = re.compile(r"message (?P<n>\d+) \([^)]*\)")
+
+
+def _brief_gaps(gaps: list[str]) -> tuple[list[str], list[str]]:
+    """(gaps, skipped): the parts with no evidence said once and briefly (chat messages in one line, never the
+    list of kinds looked for each time); the other gaps as they were."""
+    kept, chat, files = [], [], []
+    for g in gaps:
+        m = _NO_EVIDENCE.fullmatch(g)
+        if m is None:
+            kept.append(g)
+        elif c := _CHAT.fullmatch(m["part"]):
+            chat.append(c["n"])
+        else:
+            files.append(f"{m['part']} ({m['what']}): no evidence hangdx reads")
+    said = []
+    if chat:
+        said.append(
+            f"message{'s' if len(chat) > 1 else ''} {', '.join(chat)}: chat, no evidence in {'them' if len(chat) > 1 else 'it'}"
+        )
+    return kept, said + files
 
 
 def _redacted(obj: Any) -> Any:

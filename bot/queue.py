@@ -317,7 +317,8 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
             v, docs = diagnosis.diagnose(job, opts, progress=_progress_reporter(store, job))
             verdict = v.to_dict()
             verdict["elapsed_seconds"] = v.elapsed_seconds
-            verdict["notes"] = list(verdict.get("notes") or []) + _recall(conn, job, verdict)
+            # What the memory knows (a known fix, a node to drain) before how the evidence was gathered.
+            verdict["notes"] = _recall(conn, job, verdict, v.stack_roles) + list(verdict.get("notes") or [])
         except DiagnosisError as e:
             error = str(e)
         except Exception as e:
@@ -329,18 +330,21 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
     return {"job_id": job, "skipped": not kept, "error": error, "verdict": verdict}
 
 
-def _recall(conn: redis.Redis, job: str, verdict: dict[str, Any]) -> list[str]:
-    """What the fleet memory matches (repeat culprits, lemons, the same hang before), then this verdict
-    remembered; nothing when Redis cannot say (the verdict matters more than the memory)."""
+def _recall(
+    conn: redis.Redis, job: str, verdict: dict[str, Any], roles: dict[str, list[str]] | None = None
+) -> list[str]:
+    """What the fleet memory matches (repeat culprits, lemons, the same hang before: `roles`, from the stacks),
+    then this verdict remembered; nothing when Redis cannot say (the verdict matters more than the memory)."""
     from hangdx.bot.memory import Memory
 
     mem = Memory(conn)
     try:
         inc = IncidentStore(conn).get(job)
-        notes = mem.recall(job, verdict)
+        notes = mem.recall(job, verdict, roles=roles)
         mem.remember(
-            job, verdict, channel=inc.channel if inc else None, thread_ts=inc.thread_ts if inc else None
-        )
+            job, verdict, channel=inc.channel if inc else None, thread_ts=inc.thread_ts if inc else None,
+            roles=roles,
+        )  # fmt: skip
     except (redis.exceptions.RedisError, StoreUnavailable) as e:
         log.warning("job %s: fleet memory unavailable: %s", job, e)
         return []

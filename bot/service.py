@@ -343,7 +343,7 @@ class Service:
                 self.client,
                 channel=inc.channel,
                 thread_ts=inc.thread_ts,
-                text=f"{mention(user)}: " + mrkdwn("{action} ({status}).", action=action, status=inc.status),
+                text=button_reply(action, job_id, user),
             )
 
     def send_stacks(self, inc: Incident) -> None:
@@ -367,6 +367,20 @@ class Service:
             log.warning("files_upload_v2 of the stacks of job %s failed: %s", job, err)
             text = mrkdwn("Could not upload the stacks of job {job}: {err}", job=job, err=str(err)[:200])
             _post(self.client, channel=inc.channel, thread_ts=inc.thread_ts, text=text)
+
+
+_BUTTON_REPLIES = {
+    "ack": "{who} acknowledged job {job}: they are on it.",
+    "resolve": "{who} resolved job {job}.",
+    "handoff": "{who} took over job {job}: they own it now.",
+    "rerun": "{who} asked for a new diagnosis of job {job}: its verdict follows in this thread.",
+}
+
+
+def button_reply(action: str, job: str, user: str) -> str:
+    """What a verdict button did, in words, in the incident's thread."""
+    template = _BUTTON_REPLIES.get(action, "{who} pressed " + action + " on job {job}.")
+    return template.replace("{who}", mention(user)).replace("{job}", mrkdwn("{j}", j=job))
 
 
 def _check_culprit(inc: Incident | None, node: str | None) -> None:
@@ -450,11 +464,13 @@ class SlackNotifier:
                 text=mrkdwn("Diagnosis of job {job} could not run: {error}", job=job, error=error),
             )
             return
+        from hangdx.bot.slurm_actions import knows_job
+
         _post(
             self.client,
             channel=incident.channel,
             thread_ts=incident.thread_ts,
-            blocks=verdict_blocks(verdict, job),
+            blocks=verdict_blocks(verdict, job, slurm=knows_job(job)),  # Slurm's buttons for Slurm's jobs
             text=verdict_text(verdict),
         )
         if incident.thread_ts:

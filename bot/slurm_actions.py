@@ -107,6 +107,28 @@ def _job(job: str) -> str:
     return job
 
 
+KNOWS_TIMEOUT = 5  # a verdict waits for this answer: short, and "no" when Slurm does not answer
+
+
+def knows_job(job: str) -> bool:
+    """Whether Slurm knows job `job` (`scontrol show job`: running, pending or lately ended): only then does a
+    verdict offer Slurm's buttons. False for an id that is not Slurm's form, without Slurm's client commands, or
+    when Slurm does not answer."""
+    if not isinstance(job, str) or not re.fullmatch(r"[0-9]+(?:_[0-9]+)?", job):
+        return False
+    exe = shutil.which("scontrol")
+    if exe is None:
+        return False
+    try:
+        r = subprocess.run(
+            [exe, "show", "job", "-o", job], capture_output=True, text=True, timeout=KNOWS_TIMEOUT
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    # An array task (`123_4`) is JobId=125 ArrayJobId=123 ArrayTaskId=4.
+    return r.returncode == 0 and re.search(rf"\b(?:Array)?JobId={job.split('_')[0]}\b", r.stdout) is not None
+
+
 def requeue(job: str) -> str:
     _run(["scontrol", "requeue", _job(job)])
     return f"job {job} requeued"

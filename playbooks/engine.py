@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 
 from hangdx.playbooks.facts import Facts, derive
+from hangdx.playbooks.roles import stack_roles
 from hangdx.playbooks.verdict import Culprit, Finding, Verdict
 from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import Evidence, Quote
@@ -141,6 +142,7 @@ def run(ev: Evidence) -> Verdict:
         elapsed_seconds=time.monotonic() - started,
         read=list(ev.reads),
         notes=_matcher_note(ev),
+        stack_roles=stack_roles(facts),
     )
 
 

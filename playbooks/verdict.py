@@ -84,6 +84,9 @@ class Verdict:
     elapsed_seconds: float | None = None
     read: list[str] = field(default_factory=list)  # which parts of the texts were read as what, which skipped
     notes: list[str] = field(default_factory=list)  # how the evidence was gathered ("alert fired on node17")
+    # Per rank role, where the ranks wait and the user frames under it (playbooks/roles.py): the fleet memory's
+    # "same hang" signature. Not part of the JSON verdict.
+    stack_roles: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def root_cause(self) -> Finding | None:

@@ -80,6 +80,28 @@ def _culprit(d: dict[str, Any] | None) -> str:
     )
 
 
+# A thread link as the fleet memory writes it, once escaped: `job 812 (https://slack.com/app_redirect?...)`.
+_THREAD_REF = re.compile(
+    r"job ([^\s()<>|]{1,200}) \((https://slack\.com/app_redirect\?channel=[A-Z0-9]{2,30}&amp;message_ts=[0-9]{6,12}\.[0-9]{1,9})\)"
+)
+NOTES_MAX = 8
+
+
+def linked(escaped: str) -> str:
+    """Escaped text whose `job 812 (https://…)` thread references become Slack links named `job 812`."""
+    return _THREAD_REF.sub(lambda m: f"<{m.group(2)}|job {m.group(1)}>", escaped)
+
+
+def _notes_block(notes: list[str]) -> dict[str, Any] | None:
+    """The verdict's notes, the most useful first (a known fix, a node to drain), each whole: none cut mid-link."""
+    from hangdx.bot.memory import note_rank
+
+    lines = [f"• {linked(escape(clip(str(n), 900), 1100))}" for n in sorted(notes, key=note_rank)[:NOTES_MAX]]
+    while lines and len("*Notes*\n" + "\n".join(lines)) > SECTION_MAX:
+        lines.pop()
+    return _section("*Notes*\n" + "\n".join(lines)) if lines else None
+
+
 def _code(lines: list[str]) -> str:
     # Triple backticks inside a quoted line would close the code block early.
     return "```" + "\n".join(line.replace("```", "'''") for line in lines) + "```"
@@ -143,11 +165,12 @@ def _actions_block(job_id: str) -> dict[str, Any]:
 
 
 def _confirm(title: str, text: str, go: str) -> dict[str, Any]:
+    # "Go back", not "Cancel": under "Cancel job?" two buttons read "Cancel".
     return {
         "title": _plain(title, 100),
         "text": {"type": "mrkdwn", "text": clip(text, 300)},
         "confirm": _plain(go, 30),
-        "deny": _plain("Cancel", 30),
+        "deny": _plain("Go back", 30),
         "style": "danger",
     }
 
@@ -170,7 +193,7 @@ def _slurm_block(job_id: str, hosts: list[str]) -> dict[str, Any] | None:
     ):
         buttons.append({
             "type": "button", "action_id": ACTION_PREFIX + action, "text": _plain(label, 75), "value": job_id,
-            "confirm": _confirm(f"{label}?", f"Job *{job_id}* will be {what}.", label.split()[0]),
+            "confirm": _confirm(f"{label}?", f"Job *{job_id}* will be {what}.", label),
         })  # fmt: skip
     return {"type": "actions", "block_id": "hangdx_slurm", "elements": buttons}
 
@@ -187,9 +210,10 @@ def confirm_blocks(what: str, nonce: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str, Any]]:
+def verdict_blocks(verdict: dict[str, Any], job_id: str | None, slurm: bool = False) -> list[dict[str, Any]]:
     """The verdict message: status, root cause, culprit, summary, fix, evidence, next steps, and the buttons
-    of the job's incident (none for pasted evidence, `job_id` None)."""
+    of the job's incident (none for pasted evidence, `job_id` None); the Slurm buttons only for a job Slurm
+    knows (`slurm`: the caller asked it)."""
     status = str(verdict.get("status") or "unknown")
     icon = _STATUS_ICON.get(status, "⚪")
     title = f"Job {job_id}" if job_id else "Pasted evidence"
@@ -214,6 +238,9 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
         blocks.append(_section(f"*Summary*\n{escape(rc.get('summary') or '')}"))
         if rc.get("fix"):
             blocks.append(_section(f"*Fix*\n{escape(rc['fix'])}"))
+        notes_block = _notes_block(verdict.get("notes") or [])
+        if notes_block:
+            blocks.append(notes_block)
         evidence = _evidence_block(top)
         if evidence:
             blocks.append(evidence)
@@ -232,9 +259,8 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
     if others:
         context.append("Also considered: " + "; ".join(others))
     notes = verdict.get("notes") or []
-    if notes:
-        # As written: a note starts with a node name or holds a thread link, which a change of case breaks.
-        context.append("Notes: " + "; ".join(escape(n, 300) for n in notes[:3]))
+    if notes and not rc:
+        context.append("Notes: " + "; ".join(linked(escape(n, 600)) for n in notes[:NOTES_MAX]))
     gaps = verdict.get("gaps") or []
     if gaps:
         context.append("Not collected: " + "; ".join(escape(g) for g in gaps[:5]))
@@ -248,9 +274,10 @@ def verdict_blocks(verdict: dict[str, Any], job_id: str | None) -> list[dict[str
     if not job_id:
         return blocks[:BLOCKS_MAX]
     tail = [_actions_block(job_id)]
-    slurm = _slurm_block(job_id, [str(h) for h in ((rc or {}).get("culprit") or {}).get("hosts") or []])
-    if slurm is not None:
-        tail.append(slurm)
+    hosts = [str(h) for h in ((rc or {}).get("culprit") or {}).get("hosts") or []]
+    slurm_block = _slurm_block(job_id, hosts) if slurm else None
+    if slurm_block is not None:
+        tail.append(slurm_block)
     # The action blocks are last and must survive the cap.
     return blocks[: BLOCKS_MAX - len(tail)] + tail
 
@@ -265,7 +292,13 @@ def analysis_blocks(verdict: dict[str, Any]) -> list[dict[str, Any]]:
     if skipped:
         more = f"; and {len(skipped) - 8} more" if len(skipped) > 8 else ""
         said.append("Skipped: " + "; ".join(skipped[:8]) + more)
-    blocks = verdict_blocks(verdict, None)[: BLOCKS_MAX - 1]
+    # Nothing was collected from a paste: what could not be used is said with what was read and skipped.
+    gaps = [escape(g, 200) for g in verdict.get("gaps") or []]
+    if gaps:
+        said.append(
+            "Could not use: " + "; ".join(gaps[:5]) + (f"; and {len(gaps) - 5} more" if len(gaps) > 5 else "")
+        )
+    blocks = verdict_blocks({**verdict, "gaps": []}, None)[: BLOCKS_MAX - 1]
     if said:
         blocks.append(
             {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(t, SECTION_MAX)} for t in said]}
@@ -424,7 +457,7 @@ def handoff_blocks(
     blocks += _week_blocks(week or {})
     if lemons:
         lines = [
-            f"• {escape(host, 200)}: culprit in {n} incidents (jobs {escape(', '.join(jobs[:5]), 1500)})"
+            f"• {escape(host, 200)}: culprit in {n} incidents ({linked(escape(', '.join(jobs[:5]), 1500))})"
             for host, n, jobs in lemons[:10]
         ]
         blocks.append(
@@ -439,8 +472,9 @@ def _week_blocks(week: dict[str, list]) -> list[dict[str, Any]]:
     """The hand-off's week: what was done from hangdx, repeat hangs, what was resolved and how."""
     out = []
     if week.get("actions"):
-        lines = [f"• {escape(a['action'], 20)} {escape(a['target'], 200)} (job {escape(a['job'], 100)}, by "
-                 f"{mention(a['user'])})" for a in week["actions"][-10:]]  # fmt: skip
+        lines = [f"• {escape(a['action'], 20)} {escape(a['target'], 200)} ("
+                 + (f"job {escape(a['job'], 100)}, " if a.get("job") else "") + f"by {mention(a['user'])})"
+                 for a in week["actions"][-10:]]  # fmt: skip
         out.append(_section("*Done this week*\n" + "\n".join(lines)))
     if week.get("repeats"):
         lines = [f"• `{escape(r['category'], 60)}` in {escape(r['where'], 200)}: jobs "
@@ -460,7 +494,8 @@ def history_blocks(name: str, records: list[dict[str, Any]]) -> list[dict[str, A
     if not records:
         return blocks + [_section("No incident involved it in the fleet memory.")]
     for r in records[:INCIDENTS_MAX]:
-        line = f"*{escape(r['day'], 20)}* job {escape(r['job'], 200)}: `{escape(r['category'], 60)}` ({escape(r['as'], 10)})"
+        runs = f" (diagnosed {r['diagnoses']} times)" if int(r.get("diagnoses") or 1) > 1 else ""
+        line = f"*{escape(r['day'], 20)}* job {escape(r['job'], 200)}{runs}: `{escape(r['category'], 60)}` ({escape(r['as'], 10)})"
         line += f"\n{clip(escape(r['summary'], 400), 400)}"
         if r.get("resolution"):
             line += f"\nResolved by: {clip(escape(r['resolution'], 300), 300)}"

@@ -55,7 +55,7 @@ def test_summary_fix_evidence_and_next_steps(verdict: dict) -> None:
 
 
 def test_five_buttons_carry_the_job_id(verdict: dict) -> None:
-    blocks = verdict_blocks(verdict, "12345")
+    blocks = verdict_blocks(verdict, "12345", slurm=True)
     actions = next(b for b in blocks if b.get("block_id") == "hangdx_actions")
     assert actions["type"] == "actions"
     assert [(e["action_id"], e["text"]["text"], e["value"]) for e in actions["elements"]] == [
@@ -70,7 +70,20 @@ def test_five_buttons_carry_the_job_id(verdict: dict) -> None:
     assert slurm["block_id"] == "hangdx_slurm"
     assert all("confirm" in e for e in slurm["elements"])
     assert [e["action_id"] for e in slurm["elements"]][-2:] == ["hangdx_requeue", "hangdx_cancel"]
-    assert not any(b.get("block_id") == "hangdx_slurm" for b in verdict_blocks(verdict, "zoo-skip-1"))
+    assert not any(
+        b.get("block_id") == "hangdx_slurm" for b in verdict_blocks(verdict, "zoo-skip-1", slurm=True)
+    )
+    # An all-digit id Slurm does not know (a torchrun job, a local run): no Slurm buttons.
+    assert not any(b.get("block_id") == "hangdx_slurm" for b in verdict_blocks(verdict, "12345"))
+    # Each confirmation says what it does; "Go back" is the way out (not a second "Cancel").
+    dialogs = {
+        e["text"]["text"]: (e["confirm"]["confirm"]["text"], e["confirm"]["deny"]["text"])
+        for e in slurm["elements"]
+    }
+    assert dialogs["Requeue job"] == ("Requeue job", "Go back") and dialogs["Cancel job"] == (
+        "Cancel job",
+        "Go back",
+    )
 
 
 def test_secret_in_summary_and_evidence_is_redacted(verdict: dict) -> None:

@@ -38,7 +38,7 @@ def _node_doc(host: str, log: str) -> dict:
 def _drain_buttons(verdict: dict, job: str) -> list[str]:
     return [
         e["text"]["text"]
-        for b in verdict_blocks(verdict, job)
+        for b in verdict_blocks(verdict, job, slurm=True)
         if b.get("type") == "actions"
         for e in b["elements"]
         if e.get("action_id") == "hangdx_drain"

@@ -71,22 +71,24 @@ def test_a_third_hang_on_the_same_node_names_it_a_lemon_with_the_earlier_inciden
     assert mem.recall("812", gpu_verdict("812"), now - 5 * DAY) == []
     mem.remember("812", gpu_verdict("812"), now - 5 * DAY)
     second = mem.recall("907", gpu_verdict("907"), now - 2 * DAY)
-    assert second == ["gpu-node-17 was the culprit in 1 earlier incident in 14 days (jobs 812)"]
+    assert second == ["gpu-node-17 was the culprit in 1 earlier incident in 14 days (job 812)"]
     mem.remember(
         "907", gpu_verdict("907"), now - 2 * DAY, channel="C0ALERTS01", thread_ts="1700000100.000100"
     )
     mem.remember("555", gpu_verdict("555", host="gpu-node-02"), now - DAY)  # another node: not counted
     third = mem.recall("1001", gpu_verdict("1001"), now)
     link = "https://slack.com/app_redirect?channel=C0ALERTS01&message_ts=1700000100.000100"
+    # The lemon first (what to do), then the earlier incidents.
     assert (
-        third[0] == f"gpu-node-17 was the culprit in 2 earlier incidents in 14 days (jobs 907 ({link}), 812)"
+        third[1]
+        == f"gpu-node-17 was the culprit in 2 earlier incidents in 14 days (job 907 ({link}), job 812)"
     )
-    assert third[1] == (
+    assert third[0] == (
         "lemon: gpu-node-17, culprit in 3 incidents in 14 days: drain it (scontrol update NodeName=gpu-node-17 "
         'State=DRAIN Reason="hangdx: job 1001")'
     )
     mem.remember("1001", gpu_verdict("1001"), now)
-    assert mem.lemons(now) == [("gpu-node-17", 3, ["1001", f"907 ({link})", "812"])]
+    assert mem.lemons(now) == [("gpu-node-17", 3, ["job 1001", f"job 907 ({link})", "job 812"])]
     # Outside the window, the old incidents no longer count.
     assert mem.recall("2000", gpu_verdict("2000"), now + 20 * DAY) == []
 
@@ -123,7 +125,9 @@ def test_the_hand_off_lists_the_lemon_nodes(mem, redis_url):  # noqa: F811
         text, blocks = Service(cfg, client=slack_client(cfg)).report("handoff")
     said = json.dumps(blocks)
     assert (
-        "Lemon nodes" in said and "gpu-node-17: culprit in 3 incidents (jobs a1 (https://slack.com/" in said
+        "Lemon nodes" in said
+        and "gpu-node-17: culprit in 3 incidents (<https://slack.com/app_redirect?channel=C0ALERTS01&amp;message_ts=1700000100.000100|job a1>"
+        in said
     )
 
 

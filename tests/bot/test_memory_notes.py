@@ -27,12 +27,13 @@ def test_memory_notes_reach_the_thread_as_written(redis_url, host):  # noqa: F81
     mem.remember("907", gpu_verdict("907", host), now - 2 * DAY, channel=CHANNEL, thread_ts=THREAD)
     verdict = gpu_verdict("1001", host)
     verdict["notes"] = mem.recall("1001", verdict, now)
-    assert verdict["notes"] and verdict["notes"][0].startswith(host)
-    contexts = [
-        e["text"] for b in verdict_blocks(verdict, "1001") if b["type"] == "context" for e in b["elements"]
+    assert verdict["notes"] and verdict["notes"][1].startswith(host)
+    sections = [
+        b["text"]["text"] for b in verdict_blocks(verdict, "1001") if b["type"] == "section" and "text" in b
     ]
-    notes = [c for c in contexts if "earlier incident" in c]
-    assert len(notes) == 1, contexts
+    notes = [c for c in sections if c.startswith("*Notes*")]
+    assert len(notes) == 1, sections
     assert f"{host} was the culprit in 2 earlier incidents" in notes[0]
     assert f"lemon: {host}, culprit in 3 incidents" in notes[0] and f"NodeName={host} State=DRAIN" in notes[0]
-    assert f"channel={CHANNEL}&amp;message_ts={THREAD}" in notes[0]  # the link as Slack reads it
+    # The link as Slack reads it, named after its job.
+    assert f"<https://slack.com/app_redirect?channel={CHANNEL}&amp;message_ts={THREAD}|job 907>" in notes[0]
