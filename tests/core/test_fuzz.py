@@ -273,7 +273,8 @@ def check(kind: str, data: bytes, ev: Evidence, src: Source) -> None:
     assert not ill_typed(ev), ill_typed(ev)
     for g in ev.gaps:
         assert g.source == src.name and g.message.strip() and "\n" not in g.message, g
-    pyspy_json = kind == "pyspy" and data.lstrip().startswith(b"[")
+    # probes/text.decode drops NUL bytes (a crash-cut log's zero-filled block) before the parser sees the text.
+    pyspy_json = kind == "pyspy" and data.replace(b"\x00", b"").lstrip().startswith(b"[")
     verbatim = kind != "flight_recorder" and not pyspy_json  # (those quote a rendering, not a line)
     all_lines = text_lines(data) if verbatim else []
     for q in quotes(ev):
