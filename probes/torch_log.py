@@ -739,7 +739,40 @@ def _torchrun_summary(ln: _Line, st: _State) -> None:
         if f.group(1) == "exitcode":
             st.torchrun["quote"] = ln
         return
+    if _tr_flattened(ln, st.torchrun):
+        return
     _close_torchrun(st)
+
+
+# The same table as it arrives after a rendered copy: the indentation gone, a label alone on its line with its
+# value on a later line (`time` / `host` / `2023-09-14 01:45:50` / `node-1`), or fields run together on one line
+# (`rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>`).
+_TR_LABEL = re.compile(r"(time|host|rank|exitcode|error[_ ]file|traceback)\s*:?\s*$")
+_TR_GLUED = re.compile(
+    r"(rank|exitcode|error[_ ]file|traceback)\s*:?\s*(.*?)(?=(?:exitcode|error[_ ]file|traceback)\s*:|$)"
+)
+
+
+def _tr_flattened(ln: _Line, t: dict) -> bool:
+    """Read one line of a flattened torchrun entry into t's fields; False when the line is no part of one."""
+    body = ln.body.strip()
+    pending = t.setdefault("pending", [])
+    lab = _TR_LABEL.fullmatch(body)
+    if lab:
+        pending.append(lab.group(1).replace(" ", "_"))
+        return True
+    glued = _TR_GLUED.match(body)
+    if glued and re.match(r"(rank\s*:?\s*-?\d|exitcode\s*:|error[_ ]file\s*:|traceback\s*:)", body):
+        for m in _TR_GLUED.finditer(body):
+            if m.group(2).strip():
+                t["fields"][m.group(1).replace(" ", "_")] = m.group(2).strip()
+        if "exitcode" in t["fields"]:
+            t["quote"] = ln
+        return True
+    if pending and body and len(body) <= 253:
+        t["fields"][pending.pop(0)] = body
+        return True
+    return False
 
 
 def _close_torchrun(st: _State) -> None:
@@ -747,7 +780,7 @@ def _close_torchrun(st: _State) -> None:
     if not t or not t["fields"]:
         return
     f = t["fields"]
-    rank_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(local_rank: (\d{1,9})\))?", f.get("rank", ""))
+    rank_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(local[_ ]rank: (\d{1,9})\))?", f.get("rank", ""))
     exit_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(pid: (\d{1,10})\))?", f.get("exitcode", ""))
     sig = _SIGNAL_NAME.search(f.get("exitcode", "")) or _SIGNAL_NAME.search(f.get("traceback", ""))
     rank = int(rank_m.group(1)) if rank_m else None

@@ -170,6 +170,57 @@ the job to be terminated. The first process to do so was:
     assert v.root_cause.category == "rank_crashed" and v.root_cause.culprit.ranks == [3]
 
 
+_BAR = "=" * 83
+
+
+def test_hydra_bad_termination_with_a_rank_names_rank_and_node(tmp_path):
+    # MPICH 4 / Intel MPI: RANK r PID p RUNNING AT host, then KILLED BY SIGNAL (pmodels/mpich mpiexec.c)
+    text = f"""\
+Error text: an illegal memory access was encountered
+
+{_BAR}
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   RANK 5 PID 5490 RUNNING AT gn59
+=   KILLED BY SIGNAL: 9 (Killed)
+{_BAR}
+"""
+    ev, v = _verdict(tmp_path, text)
+    (e,) = ev.events_of("mpi_rank_exit")
+    assert (e.rank, e.host, e.pid, e.fields["signal"]) == (5, "gn59", 5490, "SIGKILL")
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [5] and v.root_cause.culprit.hosts == ["gn59"]
+
+
+def test_older_hydra_banner_names_only_the_node(tmp_path):
+    # MPICH 3.x: PID p RUNNING AT host, EXIT CODE: n; indented as pasted inside a quote
+    text = f"""\
+    {_BAR}
+    =   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+    =   PID 28488 RUNNING AT trainer-gpu-02
+    =   EXIT CODE: 9
+    =   CLEANING UP REMAINING PROCESSES
+    =   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES
+    {_BAR}
+"""
+    ev, v = _verdict(tmp_path, text)
+    (e,) = ev.events_of("mpi_rank_exit")
+    assert (e.rank, e.host, e.fields["exit_code"]) == (None, "trainer-gpu-02", 9)
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [] and v.root_cause.culprit.hosts == ["trainer-gpu-02"]
+
+
+def test_a_pid_line_outside_hydra_s_banner_is_not_an_exit(tmp_path):
+    ev = evidence_from_paths([str(_write(tmp_path, "=   PID 4242 RUNNING AT node-1\nall good\n"))])
+    assert [e for e in ev.events_of("mpi_rank_exit") if not e.fields.get("signal_only")] == []
+    assert engine.run(ev).root_cause.category != "rank_crashed"
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "paste.txt"
+    p.write_text(text)
+    return p
+
+
 # -- torch elastic -----------------------------------------------------------------------------------------
 
 _ELASTIC = """\
