@@ -265,6 +265,13 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
             _one(ln, st)
         except (ValueError, IndexError, KeyError):  # a mangled line is skipped, never fatal
             continue
+    for key, tb in list(st.tb.items()):
+        # A traceback cut before its exception line whose innermost frame blocks (a Ctrl-C's echo `^C` before it,
+        # or a queue get / poll / lock wait): the paste lost the KeyboardInterrupt line; the frames are still
+        # where that process waited.
+        where = tb.get("where")
+        if where and (tb.get("interrupt") or where[-1][0] in _BLOCKING_CALLS):
+            _interrupted(st, where, where[-1][3], key)
     _close_desync(st)
     _close_torchrun(st)
     _flush_monitored(st)
@@ -889,11 +896,22 @@ def _oom(ln: _Line, st: _State) -> None:
     )
 
 
+# Standard-library calls that block until another thread or process acts (queue, multiprocessing, threading,
+# selectors, socket).
+_BLOCKING_CALLS = frozenset(
+    {"wait", "_poll", "poll", "get", "acquire", "select", "recv", "recv_bytes", "_recv", "_recv_bytes", "accept",
+     "join", "__enter__", "read"}
+)  # fmt: skip
+
+
 def _traceback(ln: _Line, st: _State) -> None:
     """Python tracebacks, one per rank prefix at a time; the exception line ends one and is the quote."""
     key, body = ln.rank, ln.body
+    interrupt = body.startswith("^C")  # the terminal's echo of the Ctrl-C that stopped a hung process
+    if interrupt:
+        body = body[2:]
     if body.startswith("Traceback (most recent call last):"):
-        st.tb[key] = {"frames": []}
+        st.tb[key] = {"frames": [], "interrupt": interrupt}
         st.last_exc.pop(key, None)
         return
     head = _IPY_HEAD.match(body) if "Traceback (most recent call last)" in body else None
@@ -902,6 +920,10 @@ def _traceback(ln: _Line, st: _State) -> None:
         st.last_exc.pop(key, None)
         return
     tb = st.tb.get(key)
+    if tb is None and _FRAME.match(body):
+        # A traceback pasted from its middle: the header was trimmed, the frames and the exception line are not.
+        tb = st.tb[key] = {"frames": [], "headless": True}
+        st.last_exc.pop(key, None)
     if tb is None:
         _exception_continuation(ln, st)
         return
