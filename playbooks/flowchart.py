@@ -396,7 +396,26 @@ def _not_in_the_same_call(e) -> str:
     where = " ".join(str(w) for w in e.fields.get("where") or [])
     if len(per_rank) == 1 and not seqs and _DDP_OWN_SYNC.search(where):
         return "inside DDP's own buffer/parameter broadcast, which every rank issues alike"
+    prints = [v for v in per_rank.values() if isinstance(v, dict)]
+    if (
+        len(prints) > 1
+        and _SHARDED_OP.search(e.quote.text)
+        and len({(v.get("op"), v.get("dtypes")) for v in prints}) == 1
+        and len({v.get("shapes") for v in prints}) > 1
+        and all(_FLAT_SHAPE.fullmatch(str(v.get("shapes") or "").strip()) for v in prints)
+    ):
+        # FSDP / ZeRO-3 pad each unit's flat (1-D) parameter so that every rank's shard has the same size: one
+        # unit's all-gather (or reduce-scatter) has the same shape on every rank, so different 1-D sizes at one
+        # sequence number are different units, i.e. the ranks are at different points of the model. A tensor of
+        # several dimensions is an activation or a user's tensor: its sizes differing is a mismatch in one call.
+        return "a sharded all-gather/reduce-scatter of different sizes, i.e. of different parameter units"
     return ""
+
+
+# The flat-tensor collectives of sharded data parallelism (FSDP, ZeRO-3): _allgather_base / _reduce_scatter_base
+# (pytorch/pytorch torch/csrc/distributed/c10d/Types.hpp OpType names).
+_FLAT_SHAPE = re.compile(r"\[\d{1,12}\]")
+_SHARDED_OP = re.compile(r"OpType=(?:_ALLGATHER_BASE|_REDUCE_SCATTER_BASE)\b")
 
 
 def _minority(per_rank: dict) -> list[int]:

@@ -69,6 +69,17 @@ def _crossed_ops(e: LogEvent) -> list[dict]:
     return list(out.values())[:3]
 
 
+def _odd_side(e: LogEvent) -> list[int]:
+    """Crossed waits between a few ranks and many: the few, who lack what all the others submitted while the others
+    lack only what the few submitted, are the ranks whose path differs (the many run the same code); [] when the
+    two sides are alike in size (two ranks, one each), which the warning cannot decide."""
+    sets = {frozenset(op.get("missing") or ()) for op in e.fields.get("ops") or [] if op.get("missing")}
+    if len(sets) != 2:
+        return []
+    a, b = sorted(sets, key=len)
+    return sorted(a) if not (a & b) and 2 * len(a) <= len(b) else []
+
+
 def _crossed(e: LogEvent) -> bool:
     """Two tensors of one warning whose missing ranks are disjoint: each side submitted what the other lacks."""
     sets = [frozenset(op.get("missing") or ()) for op in e.fields.get("ops") or [] if op.get("missing")]
@@ -97,7 +108,7 @@ def horovod_stall(facts: Facts) -> Iterator[Match]:
     if crossed:
         # Each rank waits for a tensor the other never submits: not a late rank, a divergence whose side the
         # warning cannot tell.
-        category, status, culprit, conf = "conditional_collective", "hung", [], 0.72
+        category, status, culprit, conf = "conditional_collective", "hung", _odd_side(last), 0.72
     elif finished:
         # The log says training ended while Horovod still waits for these ranks: they left the loop early.
         category, status, culprit, conf = "conditional_collective", "hung", sorted(missing), 0.72
@@ -145,4 +156,38 @@ def horovod_stall(facts: Facts) -> Iterator[Match]:
             "finished": [message(q.text) for q in finished[:1]],
         },
         status=status,
+    )
+
+
+# Horovod's own words (horovod/common/operations.cc, horovod/torch/mpi_ops.py): "Horovod has been shut down. This
+# was caused by an exception on one of the ranks or an attempt to allreduce, allgather or broadcast a tensor after
+# one of the ranks finished execution. If the shutdown was caused by an exception, you should see the exception in
+# the log before the first shutdown message."
+_OTHER_FAILURE = ("cuda_oom", "cuda_error", "segfault", "oom_kill", "torchrun_failure", "mpi_rank_exit",
+                  "process_exit", "nccl_error", "horovod_stall")  # fmt: skip
+
+
+@playbook("horovod_shutdown", order=58)
+def horovod_shutdown(facts: Facts) -> Iterator[Match]:
+    """Horovod shut down and no rank's exception is in the text: by Horovod's own message, a rank finished early."""
+    shutdowns = facts.ev.events_of("horovod_shutdown")
+    if not shutdowns or facts.ev.events_of(*_OTHER_FAILURE):
+        return
+    first = min(shutdowns, key=lambda e: (e.quote.source, e.quote.line))
+    raised = [
+        e
+        for e in facts.ev.events_of("exception")
+        if "Horovod has been shut down" not in e.quote.text
+        and "HorovodInternalError" not in str(e.fields.get("exc_type"))
+        and (e.quote.source != first.quote.source or e.quote.line < first.quote.line)
+    ]
+    if raised:
+        return  # the exception Horovod speaks of is in the log: that rank's crash is the reading
+    yield Match(
+        "conditional_collective",
+        0.5,
+        Culprit(),
+        [first.quote],
+        {"message": message(first.quote.text)},
+        status="failed",
     )

@@ -136,6 +136,13 @@ def parse_lines(lines: list[tuple], src: Source, ev: Evidence) -> None:
                 block.lines.append((no, text, body))
                 block.listed = bool(_LIST_HEAD.search(body))
                 continue
+            if block is None and body.lstrip().startswith(
+                ("Stalled ranks:", "Missing ranks:", "Stalled ops:")
+            ):
+                # The list head is the stall inspector's own: its warning's prose above may be cut or garbled.
+                block = _Block(reporter=tag_rank, listed=True)
+                block.lines.append((no, text, body))
+                continue
             if block is not None and _continues(block, body, prefix_rank):
                 if prefix_rank is not None and body.startswith("[") and not _OP.search(body):
                     body = f"{prefix_rank}: {body}"  # `0: [tensor]`, its rank taken off as a launcher's label
@@ -171,7 +178,12 @@ def _continues(block: _Block, body: str, prefix_rank: int | None) -> bool:
         return True  # a list cut by a wrap
     if _OP.search(body) or _RANK_ENTRY_START.match(body) or _WILL_SHUTDOWN.search(body):
         return True
+    if prefix_rank is not None and _TENSOR_LIST_START.match(body):
+        return True  # `8: [name, name, ...` wrapped (or cut with a terminal's `$`) before its `]`
     return prefix_rank is not None and body.startswith("[") and body.rstrip().endswith("]")
+
+
+_TENSOR_LIST_START = re.compile(r"\[[\w/.\-:]{1,400}(?:,|\$?\s*$)")
 
 
 MAX_RANK = 1 << 20  # a larger number is not a rank (a mangled line): skipped
@@ -215,6 +227,9 @@ def _close(block: _Block | None, src: Source, ev: Evidence) -> None:
             end = nxt.start() if nxt else len(joined)
             close = joined.find("]", m.end(), end)
             r = int(m.group(1))
+            if close < 0 and nxt is None and "," in joined[m.end() : end]:
+                # The last entry cut off by the paste: its complete names still say what that rank lacks.
+                close = joined.rfind(",", m.end(), end)
             if close < 0 or r >= MAX_RANK:
                 continue  # a list cut off, or not a rank
             missing.add(r)

@@ -21,7 +21,11 @@ _ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(
 # torchrun: `[rank3]:` (c10d's log prefix) and `[default3]:` (the elastic agent's `[{role}{local_rank}]:` with --tee).
 _TORCHRUN = re.compile(r"\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
 # Open MPI's `mpirun --tag-output`: `[1,3]<stderr>:` is job 1, rank 3 (the line follows the colon directly).
-_OMPI_TAG = re.compile(r"\[\d{1,9},(\d{1,9})\]<(?:stdout|stderr|stddiag)>:")
+# horovodrun's own launcher tags `[3]<stderr>:`, after `time.asctime()` with --prefix-output-with-timestamp
+# (horovod/runner/common/util/safe_shell_exec.py): `Fri Sep 18 03:11:09 2020[3]<stderr>:`.
+_OMPI_TAG = re.compile(
+    r"(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?\[(?:\d{1,9},)?(\d{1,9})\]<(?:stdout|stderr|stddiag)>:"
+)
 # A shell prompt before a command (`user@gpu-node-03:~/run$ nvidia-smi`, `[user@node17 dir]# dmesg`,
 # `zeyer@cn-234 ~ % nvidia-smi`): the output under it came from that host.
 _PROMPT = re.compile(

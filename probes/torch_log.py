@@ -265,6 +265,13 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
             _one(ln, st)
         except (ValueError, IndexError, KeyError):  # a mangled line is skipped, never fatal
             continue
+    for key, tb in list(st.tb.items()):
+        # A traceback cut before its exception line whose innermost frame blocks (a Ctrl-C's echo `^C` before it,
+        # or a queue get / poll / lock wait): the paste lost the KeyboardInterrupt line; the frames are still
+        # where that process waited.
+        where = tb.get("where")
+        if where and (tb.get("interrupt") or where[-1][0] in _BLOCKING_CALLS):
+            _interrupted(st, where, where[-1][3], key)
     _close_desync(st)
     _close_torchrun(st)
     _flush_monitored(st)
@@ -739,7 +746,40 @@ def _torchrun_summary(ln: _Line, st: _State) -> None:
         if f.group(1) == "exitcode":
             st.torchrun["quote"] = ln
         return
+    if _tr_flattened(ln, st.torchrun):
+        return
     _close_torchrun(st)
+
+
+# The same table as it arrives after a rendered copy: the indentation gone, a label alone on its line with its
+# value on a later line (`time` / `host` / `2023-09-14 01:45:50` / `node-1`), or fields run together on one line
+# (`rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>`).
+_TR_LABEL = re.compile(r"(time|host|rank|exitcode|error[_ ]file|traceback)\s*:?\s*$")
+_TR_GLUED = re.compile(
+    r"(rank|exitcode|error[_ ]file|traceback)\s*:?\s*(.*?)(?=(?:exitcode|error[_ ]file|traceback)\s*:|$)"
+)
+
+
+def _tr_flattened(ln: _Line, t: dict) -> bool:
+    """Read one line of a flattened torchrun entry into t's fields; False when the line is no part of one."""
+    body = ln.body.strip()
+    pending = t.setdefault("pending", [])
+    lab = _TR_LABEL.fullmatch(body)
+    if lab:
+        pending.append(lab.group(1).replace(" ", "_"))
+        return True
+    glued = _TR_GLUED.match(body)
+    if glued and re.match(r"(rank\s*:?\s*-?\d|exitcode\s*:|error[_ ]file\s*:|traceback\s*:)", body):
+        for m in _TR_GLUED.finditer(body):
+            if m.group(2).strip():
+                t["fields"][m.group(1).replace(" ", "_")] = m.group(2).strip()
+        if "exitcode" in t["fields"]:
+            t["quote"] = ln
+        return True
+    if pending and body and len(body) <= 253:
+        t["fields"][pending.pop(0)] = body
+        return True
+    return False
 
 
 def _close_torchrun(st: _State) -> None:
@@ -747,7 +787,7 @@ def _close_torchrun(st: _State) -> None:
     if not t or not t["fields"]:
         return
     f = t["fields"]
-    rank_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(local_rank: (\d{1,9})\))?", f.get("rank", ""))
+    rank_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(local[_ ]rank: (\d{1,9})\))?", f.get("rank", ""))
     exit_m = re.match(r"(-?\d{1,9})(?!\d)(?: \(pid: (\d{1,10})\))?", f.get("exitcode", ""))
     sig = _SIGNAL_NAME.search(f.get("exitcode", "")) or _SIGNAL_NAME.search(f.get("traceback", ""))
     rank = int(rank_m.group(1)) if rank_m else None
@@ -856,11 +896,22 @@ def _oom(ln: _Line, st: _State) -> None:
     )
 
 
+# Standard-library calls that block until another thread or process acts (queue, multiprocessing, threading,
+# selectors, socket).
+_BLOCKING_CALLS = frozenset(
+    {"wait", "_poll", "poll", "get", "acquire", "select", "recv", "recv_bytes", "_recv", "_recv_bytes", "accept",
+     "join", "__enter__", "read"}
+)  # fmt: skip
+
+
 def _traceback(ln: _Line, st: _State) -> None:
     """Python tracebacks, one per rank prefix at a time; the exception line ends one and is the quote."""
     key, body = ln.rank, ln.body
+    interrupt = body.startswith("^C")  # the terminal's echo of the Ctrl-C that stopped a hung process
+    if interrupt:
+        body = body[2:]
     if body.startswith("Traceback (most recent call last):"):
-        st.tb[key] = {"frames": []}
+        st.tb[key] = {"frames": [], "interrupt": interrupt}
         st.last_exc.pop(key, None)
         return
     head = _IPY_HEAD.match(body) if "Traceback (most recent call last)" in body else None
@@ -869,6 +920,10 @@ def _traceback(ln: _Line, st: _State) -> None:
         st.last_exc.pop(key, None)
         return
     tb = st.tb.get(key)
+    if tb is None and _FRAME.match(body):
+        # A traceback pasted from its middle: the header was trimmed, the frames and the exception line are not.
+        tb = st.tb[key] = {"frames": [], "headless": True}
+        st.last_exc.pop(key, None)
     if tb is None:
         _exception_continuation(ln, st)
         return

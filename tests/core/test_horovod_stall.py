@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hangdx.playbooks import engine
 from hangdx.probes import horovod_log, reader
 from hangdx.probes.model import Evidence, Source
@@ -141,3 +143,53 @@ def test_missing_ranks_after_training_ended_left_the_loop_early():
     assert "left the training loop" in rc.summary
     without = engine.run(read(PER_OP)).root_cause
     assert without.category != "conditional_collective" or "left the training loop" not in without.summary
+
+
+def _one_against_many(n: int, odd: int, prefix: str = "") -> bytes:
+    lines = [f"{prefix}Missing ranks:"]
+    for r in range(n):
+        tensors = (
+            "HorovodAllreduce_grad_w_0, HorovodAllreduce_grad_b_0" if r == odd else "broadcast_object_fn.sz"
+        )
+        lines.append(f"{prefix}{r}: [{tensors}]")
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize(
+    "n,odd,prefix",
+    [(9, 8, "Fri Sep 18 03:11:09 2020[0]<stderr>:"), (4, 0, "[1,2]<stderr>:"), (16, 5, "")],
+)
+def test_crossed_waits_of_one_rank_against_all_others_name_that_rank(n, odd, prefix):
+    # The list head alone (the warning's prose above it lost by the paste), under horovodrun's or mpirun's tag
+    rc = engine.run(read(_one_against_many(n, odd, prefix))).root_cause
+    assert rc.category == "conditional_collective", rc.summary
+    assert rc.culprit.ranks == [odd]
+
+
+def test_the_last_rank_entry_cut_by_the_paste_still_counts():
+    text = _one_against_many(9, 8).rstrip(b"]\n") + b", HorovodAllreduce_grad_c_$\n"
+    assert stall(read(text)).fields["missing"] == list(range(9))
+    assert engine.run(read(text)).root_cause.culprit.ranks == [8]
+
+
+_SHUTDOWN = (
+    b"RuntimeError: Horovod has been shut down. This was caused by an exception on one of the ranks or an attempt"
+    b" to allreduce, allgather or broadcast a tensor after one of the ranks finished execution. If the shutdown"
+    b" was caused by an exception, you should see the exception in the log before the first shutdown message.\n"
+)
+
+
+def test_horovod_shut_down_with_no_exception_shown_is_a_rank_that_finished_early():
+    rc = engine.run(read(b"[1,0]<stdout>:epoch 3 done\n" + _SHUTDOWN)).root_cause
+    assert rc.category == "conditional_collective" and rc.culprit.ranks == [] and rc.confidence <= 0.5
+
+
+def test_horovod_shut_down_after_a_rank_s_exception_is_not_read_as_an_uneven_split():
+    crash = (
+        b"[1,3]<stderr>:Traceback (most recent call last):\n"
+        b'[1,3]<stderr>:  File "train.py", line 10, in <module>\n'
+        b"[1,3]<stderr>:    step()\n"
+        b"[1,3]<stderr>:ValueError: bad input\n"
+    )
+    rc = engine.run(read(crash + b"[1,0]<stderr>:" + _SHUTDOWN)).root_cause
+    assert rc.category != "conditional_collective", rc.summary

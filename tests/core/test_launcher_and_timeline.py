@@ -7,6 +7,8 @@ hosts, pids and paths changed.
 
 from __future__ import annotations
 
+import pytest
+
 from hangdx.playbooks import engine
 from hangdx.probes.bundle import evidence_from_paths
 from hangdx.probes.normalise import Normaliser
@@ -168,6 +170,113 @@ the job to be terminated. The first process to do so was:
     ev, v = _verdict(tmp_path, text)
     assert [(e.rank, e.fields["exit_code"]) for e in ev.events_of("mpi_rank_exit")] == [(3, 1)]
     assert v.root_cause.category == "rank_crashed" and v.root_cause.culprit.ranks == [3]
+
+
+_BAR = "=" * 83
+
+
+def test_hydra_bad_termination_with_a_rank_names_rank_and_node(tmp_path):
+    # MPICH 4 / Intel MPI: RANK r PID p RUNNING AT host, then KILLED BY SIGNAL (pmodels/mpich mpiexec.c)
+    text = f"""\
+Error text: an illegal memory access was encountered
+
+{_BAR}
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   RANK 5 PID 5490 RUNNING AT gn59
+=   KILLED BY SIGNAL: 9 (Killed)
+{_BAR}
+"""
+    ev, v = _verdict(tmp_path, text)
+    (e,) = ev.events_of("mpi_rank_exit")
+    assert (e.rank, e.host, e.pid, e.fields["signal"]) == (5, "gn59", 5490, "SIGKILL")
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [5] and v.root_cause.culprit.hosts == ["gn59"]
+
+
+def test_older_hydra_banner_names_only_the_node(tmp_path):
+    # MPICH 3.x: PID p RUNNING AT host, EXIT CODE: n; indented as pasted inside a quote
+    text = f"""\
+    {_BAR}
+    =   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+    =   PID 28488 RUNNING AT trainer-gpu-02
+    =   EXIT CODE: 9
+    =   CLEANING UP REMAINING PROCESSES
+    =   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES
+    {_BAR}
+"""
+    ev, v = _verdict(tmp_path, text)
+    (e,) = ev.events_of("mpi_rank_exit")
+    assert (e.rank, e.host, e.fields["exit_code"]) == (None, "trainer-gpu-02", 9)
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [] and v.root_cause.culprit.hosts == ["trainer-gpu-02"]
+
+
+def test_a_pid_line_outside_hydra_s_banner_is_not_an_exit(tmp_path):
+    ev = evidence_from_paths([str(_write(tmp_path, "=   PID 4242 RUNNING AT node-1\nall good\n"))])
+    assert [e for e in ev.events_of("mpi_rank_exit") if not e.fields.get("signal_only")] == []
+    assert engine.run(ev).root_cause.category != "rank_crashed"
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "paste.txt"
+    p.write_text(text)
+    return p
+
+
+_HEADLESS = """\
+[rank{r}]:   File "recipes/train.py", line 981, in run_loop
+[rank{r}]:     self.save_checkpoint(step)
+[rank{r}]:   File "recipes/checkpointing.py", line 2011, in _create_dirs
+[rank{r}]:     os.makedirs(directory, exist_ok=True)
+[rank{r}]:   File "<frozen os>", line 225, in makedirs
+[rank{r}]: {exc}
+"""
+
+
+@pytest.mark.parametrize(
+    "r,exc",
+    [
+        (8, "FileExistsError: [Errno 17] File exists: '/ckpt/step_297'"),
+        (0, "ValueError: bad shape"),
+        (13, "KeyError: 'x'"),
+    ],
+)
+def test_a_rank_s_traceback_pasted_without_its_header_is_that_rank_s_crash(tmp_path, r, exc):
+    _, v = _verdict(tmp_path, _HEADLESS.format(r=r, exc=exc))
+    assert v.root_cause.category == "rank_crashed" and v.root_cause.culprit.ranks == [r]
+
+
+def test_frames_with_no_exception_line_are_no_crash(tmp_path):
+    text = "\n".join(_HEADLESS.format(r=3, exc="").splitlines()[:-1]) + "\n"
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category != "rank_crashed"
+
+
+_CUT = """\
+{head}Traceback (most recent call last):
+  File "train.py", line 36, in train
+    for step, batch in enumerate(loader):
+  File "/opt/conda/lib/python3.6/site-packages/torch/utils/data/dataloader.py", line {no}, in __next__
+    idx, batch = self._get_batch()
+  File "/opt/conda/lib/python3.6/site-packages/torch/utils/data/dataloader.py", line 480, in {inner}
+    data = self.data_queue.get(timeout=timeout)
+  File "/opt/conda/lib/python3.6/multiprocessing/queues.py", line 104, in get
+    if not self._poll(timeout):
+"""
+
+
+@pytest.mark.parametrize("head,no,inner", [("^C", 545, "_try_get_batch"), ("", 631, "_try_get_data")])
+def test_a_cut_interrupt_traceback_in_the_dataloader_queue_is_a_data_stall(tmp_path, head, no, inner):
+    # the Ctrl-C's KeyboardInterrupt line lost by the paste: the frames still say where the process waited
+    _, v = _verdict(tmp_path, _CUT.format(head=head, no=no, inner=inner))
+    assert v.root_cause.category == "dataloader_stall"
+
+
+def test_a_cut_traceback_that_ends_in_the_model_is_not_a_wait(tmp_path):
+    text = _CUT.format(head="", no=545, inner="_try_get_batch").splitlines()[:4]
+    text += ['  File "model.py", line 12, in forward', "    x = self.fc(x)"]
+    ev = evidence_from_paths([str(_write(tmp_path, "\n".join(text) + "\n"))])
+    assert ev.stacks == []
 
 
 # -- torch elastic -----------------------------------------------------------------------------------------

@@ -228,3 +228,37 @@ def test_a_notebooks_interrupted_traceback_shows_where_the_process_waited():
     rc = verdict(text)
     assert rc.category == "dataloader_stall", rc.summary
     assert "ipython-input-7-2f1d3c>:2" in rc.summary
+
+
+def _sized(op: str, ra: int, rb: int, na: int, nb: int, dtype: str = "BFloat16") -> str:
+    fp = "CollectiveFingerPrint(SequenceNumber=35, OpType={op}, TensorShape=[{n}], TensorDtypes={dt}, "
+    fp += "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda))"
+    a, b = fp.format(op=op, n=na, dt=dtype), fp.format(op=op, n=nb, dt=dtype)
+    return (
+        f"RuntimeError: Detected mismatch between collectives on ranks. Rank {ra} is running collective: {a}, "
+        f"but Rank {rb} is running collective: {b}.Collectives differ in the following aspects: "
+        f"  Tensor Tensor shapes: {na}vs {nb}\n"
+    )
+
+
+def test_a_sharded_all_gather_of_different_sizes_is_ranks_at_different_parameter_units():
+    # FSDP / ZeRO-3 pad every rank's shard of one unit to one size: different sizes are different units
+    for op, ra, rb in (("_ALLGATHER_BASE", 4, 7), ("_REDUCE_SCATTER_BASE", 0, 3), ("_ALLGATHER_BASE", 12, 1)):
+        rc = verdict(_sized(op, ra, rb, 9634624, 2464056))
+        assert rc.category == "conditional_collective", rc.summary
+        assert "different parameter units" in rc.summary and rc.culprit.ranks == []
+
+
+def test_a_plain_all_gather_or_all_reduce_of_different_sizes_stays_a_mismatch():
+    for op in ("ALLGATHER", "ALLREDUCE", "BROADCAST"):
+        assert verdict(_sized(op, 4, 7, 9634624, 2464056)).category == "collective_mismatch"
+    # the same sharded op whose shapes agree: the difference lies elsewhere, inside one call
+    rc = verdict(_sized("_ALLGATHER_BASE", 4, 7, 100, 100, "Float"))
+    assert rc.category == "collective_mismatch", rc.summary
+    # an all-gather of a tensor of several dimensions (an activation split unevenly) is a mismatch in one call
+    text = (
+        _sized("_ALLGATHER_BASE", 1, 2, 0, 0)
+        .replace("[0]", "[359, 1, 1435, 16]", 1)
+        .replace("[0]", "[359, 1, 1436, 16]", 1)
+    )
+    assert verdict(text).category == "collective_mismatch"

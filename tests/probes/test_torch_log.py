@@ -273,3 +273,33 @@ def test_bad_input_never_raises():
     cut = cut[: cut.index(b"ValueError: corrupt") + 15]
     e = [x for x in run(cut).events_of("exception") if x.rank == 1][0]
     assert e.fields["exc_type"] == "ValueError" and e.fields["message"] == "cor"
+
+
+_FLAT_TABLE = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+train.py FAILED
+Failures:
+<NO OTHER FAILURES>
+Root Cause (first observed failure) :
+[0]:
+time
+host
+2024-01-02 03:04:05
+node-a17
+rank{rank} (local rank: {local})exitcode: -9 (pid: 4711)error file: <N/A>
+traceback : signal 9 (SIGKILL) received by PID 4711
+"""
+
+
+@pytest.mark.parametrize("rank,local", [(2, 2), (13, 5), (0, 0)])
+def test_a_flattened_failure_table_still_names_rank_host_and_signal(rank, local):
+    # torchrun's table as it arrives from a rendered copy: labels alone, values later, fields run together
+    r = root_cause(run(_FLAT_TABLE.format(rank=rank, local=local).encode()))
+    f = r.fields
+    assert (r.rank, f["local_rank"], f["exitcode"], r.pid, r.host) == (rank, local, -9, 4711, "node-a17")
+    assert f["signal"] == "SIGKILL"
+
+
+def test_a_flattened_table_entry_ends_at_an_unrelated_line():
+    text = "Root Cause (first observed failure):\n[0]:\nall done, training resumed\nrank 3 says hello\n"
+    assert [e for e in run(text.encode()).events_of("torchrun_failure")] == []
