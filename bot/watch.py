@@ -565,6 +565,10 @@ def judge(facts: Facts) -> Confirmation:
     )
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _ranks(ranks: Iterable[int]) -> str:
     return ", ".join(str(r) for r in sorted(ranks))
 
@@ -749,8 +753,8 @@ class Watcher:
     def check(self) -> list[Decision]:
         """One pass: a decision per running job. Jobs that went quiet together (a shared file system hanging
         stalls every job writing to it) become one incident, and a pass probes at most PROBES_PER_PASS jobs."""
+        now = self.clock()  # before the listing, whose time varies: passes stay an interval apart
         jobs = self.list_jobs()
-        now = self.clock()
         seen = {j.job_id for j in jobs}
         decisions: list[Decision] = []
         for gone in set(self.tracks) - seen:  # ended, or no longer running
@@ -775,6 +779,11 @@ class Watcher:
                 continue
             decisions.append(self._probe(job, silent))
         return decisions
+
+    @property
+    def _window(self) -> float:
+        """The confirmation window, less a little slack: two passes 30 s apart may be timed 29.99 s apart."""
+        return self.settings.stall - min(1.0, 0.1 * self.settings.interval)
 
     def _ended(self, job_id: str, how: str) -> Decision:
         """A raised job that died (the watchdog, scancel): said once in its thread; the verdict stands."""
@@ -861,10 +870,10 @@ class Watcher:
             silent += (
                 f"; every counter flat for {flat:.0f}s" if flat > 0 else "; counters read (first reading)"
             )
-            if (flat < self.settings.stall and quiet < self.settings.quiet) or now < track.next_probe:
+            if (flat < self._window and quiet < self.settings.quiet) or now < track.next_probe:
                 return Decision(job.job_id, "quiet", silent)
             return silent
-        if quiet < self.settings.stall or now < track.next_probe:
+        if quiet < self._window or now < track.next_probe:
             return Decision(job.job_id, "quiet", silent)
         return silent
 
@@ -889,11 +898,15 @@ class Watcher:
             return None
         waited = max(flat[v.rank] for v in waiting)
         holder = min(holders, key=lambda v: v.rank)
-        where = holder.location.call_site or holder.location.describe()
+        site = holder.location.call_site
+        where = f"`{site.split(' (')[0]}()` ({site.split(' (', 1)[1]}" if site and " (" in site else None
+        doing = f"has been in {where}" if where else holder.location.describe()
         op = waiting[0].location.op_words or waiting[0].location.describe()
-        text = (f"Job {job.job_id}: rank {holder.rank} has been in `{where}` while rank(s) "
-                f"{_ranks(v.rank for v in waiting)} wait in {op}, for {waited / 60:.0f} min; the watchdog kills "
-                f"the job at {timeout / 60:g} min (its collective timeout).")  # fmt: skip
+        text = (
+            f"Job {job.job_id}: rank {holder.rank} {doing} for {_duration(waited)}; rank(s) "
+            f"{_ranks(v.rank for v in waiting)} wait in {op}; the watchdog kills the job at {_duration(timeout)} "
+            "(its collective timeout), and the evidence with it."
+        )
         try:
             self.say(job.job_id, text)
         except Exception as e:  # noqa: BLE001

@@ -45,10 +45,10 @@ WRITE = (
 HUNG = "import time\ndef wait_for_allreduce():\n    time.sleep(600)\nwait_for_allreduce()\n"
 
 
-def _spawn(job_id: str, code: str, rank: int = 0, world: int = 1, **extra: str) -> subprocess.Popen:
+def _spawn(job_id: str, code: str, rank: int = 0, world: int = 1, out=None, **extra: str) -> subprocess.Popen:  # noqa: ANN001
     env = {**os.environ, "HANGDX_JOB_ID": job_id, "RANK": str(rank), "WORLD_SIZE": str(world), **extra}
     env["LOCAL_RANK"] = str(rank)
-    return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, stdout=out)
 
 
 def _kill(procs) -> None:  # noqa: ANN001
@@ -287,12 +287,18 @@ def test_one_warning_before_the_watchdog_names_the_rank_holding_the_others(tmp_p
         port = str(s.getsockname()[1])
     job = f"eval-{os.getpid()}"
     extra = {"MASTER_PORT": port, "HANGDX_COLLECTIVE_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
-    procs = [_spawn(job, EVAL, r, 2, **extra) for r in (0, 1)]
+    logs = [open(tmp_path / f"rank{r}.log", "wb") for r in (0, 1)]
+    procs = [_spawn(job, EVAL, r, 2, out=logs[r], **extra) for r in (0, 1)]
     said: list[tuple[str, str]] = []
     opened = []
     clock = Clock()
     try:
-        time.sleep(12)  # torch imported, the group formed, rank 0 evaluating
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not all(
+            "ready" in (tmp_path / f"rank{r}.log").read_text() for r in (0, 1)
+        ):
+            time.sleep(0.5)
+        time.sleep(3)  # rank 0 evaluating, rank 1 in its all_reduce
         w = Watcher(
             WatchSettings("inventory:-", probe=DiagnoseOptions(how="local", samples=2, interval=1.0)),
             opened.append,
@@ -300,15 +306,17 @@ def test_one_warning_before_the_watchdog_names_the_rank_holding_the_others(tmp_p
             clock=clock,
             say=lambda j, text: said.append((j, text)),
         )
-        passes = _passes(w, clock, 5)
+        passes = _passes(w, clock, 6)
     finally:
         _kill(procs)
+        for f in logs:
+            f.close()
     outcomes = [p[job].outcome for p in passes]
     assert opened == [] and outcomes.count("warned") == 1, [p[job].reason for p in passes]
     assert set(outcomes) <= {"moving", "warned", "quiet"}, outcomes
     (text,) = [t for _, t in said]
-    assert "rank 0 has been in `evaluate" in text and "rank(s) 1 wait in all_reduce" in text, text
-    assert "the watchdog kills the job at 1 min" in text
+    assert "rank 0 has been in `evaluate()` (<string>:" in text and "rank(s) 1 wait in allreduce" in text, text
+    assert "the watchdog kills the job at 60 s" in text
 
 
 @needs_redis
