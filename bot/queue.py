@@ -315,7 +315,9 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
     with Heartbeat(store, job, token, rq_id, ttl):
         try:
             kept = _watch_bundle(conn, job) if req.source == "watch" else None
-            if kept is not None:  # what hangdx watch took when it confirmed the hang: the job may be gone since
+            if (
+                kept is not None
+            ):  # what hangdx watch took when it confirmed the hang: the job may be gone since
                 from hangdx.bot.watch import verdict_from_bundle
 
                 v, docs = verdict_from_bundle(job, *kept)

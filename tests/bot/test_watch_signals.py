@@ -315,7 +315,9 @@ def test_one_warning_before_the_watchdog_names_the_rank_holding_the_others(tmp_p
     assert opened == [] and outcomes.count("warned") == 1, [p[job].reason for p in passes]
     assert set(outcomes) <= {"moving", "warned", "quiet"}, outcomes
     (text,) = [t for _, t in said]
-    assert "rank 0 has been in `evaluate()` (<string>:" in text and "rank(s) 1 wait in allreduce" in text, text
+    assert "rank 0 has been in `evaluate()` (<string>:" in text and "rank(s) 1 wait in allreduce" in text, (
+        text
+    )
     assert "the watchdog kills the job at 60 s" in text
 
 
