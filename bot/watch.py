@@ -622,19 +622,36 @@ class Ledger:
 
 
 class RedisLedger(Ledger):
+    """The ledger in Redis. Redis unreachable ends the pass with one line (WatchError): nothing is raised without
+    knowing whether it was raised already."""
+
     def __init__(self, conn) -> None:  # noqa: ANN001 - a redis.Redis
         from hangdx.bot.incidents import PREFIX, key_part
 
         self.conn, self._key = conn, lambda what, job: f"{PREFIX}watch:{what}:{key_part(job)}"
 
+    def _do(self, fn: Callable[[], object]) -> object:
+        import redis
+
+        try:
+            return fn()
+        except redis.exceptions.RedisError as e:
+            raise WatchError(
+                f"Redis, where what was raised is kept: {' '.join(str(e).split())[:200]}"
+            ) from None
+
     def claim(self, what: str, job_id: str, ttl: float) -> bool:
-        return bool(self.conn.set(self._key(what, job_id), str(time.time()), nx=True, ex=max(1, int(ttl))))
+        key = self._key(what, job_id)
+        return bool(self._do(lambda: self.conn.set(key, str(time.time()), nx=True, ex=max(1, int(ttl)))))
 
     def has(self, what: str, job_id: str) -> bool:
-        return bool(self.conn.exists(self._key(what, job_id)))
+        return bool(self._do(lambda: self.conn.exists(self._key(what, job_id))))
 
     def release(self, what: str, job_id: str) -> None:
-        self.conn.delete(self._key(what, job_id))
+        try:
+            self._do(lambda: self.conn.delete(self._key(what, job_id)))
+        except WatchError as e:
+            log.warning("job %s: %s", job_id, e)
 
 
 RAISED_TTL = 7 * 24 * 3600.0  # a job raised stays raised this long (longer than any job hangs unnoticed)

@@ -384,3 +384,28 @@ def test_the_counters_script_runs_as_the_nodes_run_it(tmp_path):
     reading = reading_of([doc])
     assert doc["host"] == "node-a" and reading is not None and list(reading.ranks) == [0]
     assert Path("/proc").exists()
+
+
+def test_a_gpu_spinning_in_a_hung_collective_is_flat_and_one_whose_work_changes_is_not():
+    """GPU readings in the collector's form (hand-written values, no GPU here: a kernel spinning in a hung
+    all-reduce holds 100% and a steady power draw; a change of work swings utilisation and power)."""
+    from hangdx.bot.watch import Reading, gpus_moved
+
+    def reading(util: int, power: float) -> Reading:
+        return Reading({("n1", 1): {"pid": 1, "rank": 0}}, {("n1", "GPU-1"): (util, power)})
+
+    assert gpus_moved(reading(100, 151.2), reading(100, 152.0)) == []
+    assert gpus_moved(reading(100, 151.2), reading(63, 402.5)) == ["GPU GPU-1 on n1"]
+
+
+@needs_redis
+def test_redis_down_is_one_line_for_the_pass_not_a_traceback():
+    import redis
+
+    from hangdx.bot.watch import WatchError
+
+    ledger = RedisLedger(redis.Redis.from_url("redis://127.0.0.1:9/0", socket_connect_timeout=1))
+    w = Watcher(WatchSettings("inventory:-"), lambda r: "", lambda: [RunningJob("j1")], ledger=ledger,
+                counters=lambda j: None)  # fmt: skip
+    with pytest.raises(WatchError, match="^Redis, where what was raised is kept: "):
+        w.check()
