@@ -409,6 +409,9 @@ class Reading:
     gpus: dict[tuple[str, str], tuple[int | None, float | None]]  # (host, GPU uuid) -> (util %, power W)
     timeout: float | None = None  # the collective timeout the ranks' environment names
     cost_ms: float = 0.0  # the collector's own time on the nodes (the slowest host)
+    # Collective operations each rank completed, where a source counts them (NCCL RAS, `ncclras`: a counters
+    # document's "collective_counts": {"RANK": N}); a count that grows is progress.
+    collectives: dict[int, int] = field(default_factory=dict)
 
     @property
     def ranks(self) -> dict[int, list[tuple[str, int]]]:
@@ -434,6 +437,7 @@ def reading_of(docs: list[dict]) -> Reading | None:
     procs: dict[tuple[str, int], dict] = {}
     gpus: dict[tuple[str, str], tuple[int | None, float | None]] = {}
     timeouts: list[float] = []
+    counts: dict[int, int] = {}
     cost = 0.0
     for d in docs:
         if not isinstance(d, dict) or d.get("hangdx") != "counters":
@@ -450,9 +454,14 @@ def reading_of(docs: list[dict]) -> Reading | None:
                 gpus[(host, str(g.get("uuid") or g.get("index")))] = (g.get("util"), g.get("power_w"))
         if isinstance(d.get("elapsed_ms"), (int, float)):
             cost = max(cost, float(d["elapsed_ms"]))
+        for rank, n in (
+            (d.get("collective_counts") or {}).items() if isinstance(d.get("collective_counts"), dict) else ()
+        ):
+            if str(rank).isdigit() and isinstance(n, int) and not isinstance(n, bool):
+                counts[int(rank)] = max(n, counts.get(int(rank), 0))
     if not procs:
         return None
-    return Reading(procs, gpus, max(timeouts) if timeouts else None, cost)
+    return Reading(procs, gpus, max(timeouts) if timeouts else None, cost, counts)
 
 
 def _grew(a: object, b: object) -> int:
@@ -485,6 +494,10 @@ def moved_ranks(before: Reading, after: Reading, seconds: float) -> dict[int, st
             moved.setdefault(rank, f"computing (+{max(cpu, main)} ms CPU)")
         elif switches:
             moved.setdefault(rank, f"its main thread woke {switches} times")
+    for rank, n in after.collectives.items():
+        done = n - before.collectives.get(rank, n)
+        if done > 0:
+            moved.setdefault(rank, f"completed {done} collective(s)")
     return moved
 
 

@@ -409,3 +409,15 @@ def test_redis_down_is_one_line_for_the_pass_not_a_traceback():
                 counters=lambda j: None)  # fmt: skip
     with pytest.raises(WatchError, match="^Redis, where what was raised is kept: "):
         w.check()
+
+
+def test_collective_counts_from_another_source_are_progress():
+    """Where a counters document carries per-rank collective counts (NCCL RAS's, read by its own reader), a
+    count that grows is progress even when the rank's /proc counters are flat (a GPU rank's CPU thread idles)."""
+    from hangdx.bot.watch import moved_ranks, reading_of
+
+    row = {"pid": 7, "rank": 0, "cpu_ms": 10, "main_cpu_ms": 5, "main_switches": 3, "io_bytes": 100}
+    doc = {"hangdx": "counters", "host": "n1", "processes": [row], "collective_counts": {"0": 41}}
+    before, after = reading_of([doc]), reading_of([{**doc, "collective_counts": {"0": 44}}])
+    assert moved_ranks(before, after, 15.0) == {0: "completed 3 collective(s)"}
+    assert moved_ranks(before, reading_of([doc]), 15.0) == {}
