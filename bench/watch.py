@@ -254,6 +254,8 @@ def soak(minutes: float, hung_slots: int, seed: int) -> dict:
                 now = time.time()
                 for c in slack.calls_to("chat.postMessage"):
                     text = json.dumps(c.body)
+                    if "the watchdog kills the job" in text:
+                        continue  # a warning before the watchdog, not an incident's thread
                     for j in slow + [j for j in hung if j] + [d["job"] for d in done]:
                         if j.job_id in text:
                             first_seen.setdefault((j.job_id, bool(c.body.get("thread_ts"))), now)
@@ -288,6 +290,10 @@ def soak(minutes: float, hung_slots: int, seed: int) -> dict:
                 if "the watchdog kills" in json.dumps(c.body)
             ]
             parents = [c.body for c in slack.calls_to("chat.postMessage") if not c.body.get("thread_ts")]
+            from hangdx.bot.incidents import IncidentStore, connect
+
+            store = IncidentStore(connect(redis_url))
+            incidents_of_slow = [j.job_id for j in slow if store.get(j.job_id) is not None]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -302,7 +308,7 @@ def soak(minutes: float, hung_slots: int, seed: int) -> dict:
         stop_redis(redis_proc)
     latencies, to_verdict, false_alarms = [], [], []
     for j in slow:
-        if (j.job_id, False) in first_seen:
+        if (j.job_id, False) in first_seen or j.job_id in incidents_of_slow:
             false_alarms.append(j.job_id)
     for d in done:
         j, parent = d["job"], d["parent"]
