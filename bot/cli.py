@@ -111,7 +111,7 @@ def _add_watch(sub) -> None:
         default=600.0,
         metavar="S",
         help="the jobs' collective timeout, for the warning before the watchdog (default 600, the process "
-        "group's; a rank's HANGDX_COLLECTIVE_TIMEOUT wins)",
+        "group's; a rank's HANGDX_COLLECTIVE_TIMEOUT or DEEPSPEED_TIMEOUT wins)",
     )
     w.add_argument("--partition", default="", help="comma-separated partitions to watch (default all)")
     w.add_argument("--user", default="", help="comma-separated users whose jobs to watch (default all)")

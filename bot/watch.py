@@ -120,7 +120,9 @@ class WatchSettings:
     interval: float = 15.0  # seconds between passes (the cheap signals)
     stall: float = 30.0  # the confirmation window: every signal flat this long, the stacks are sampled
     quiet: float = 600.0  # outputs silent this long: sampled even while a counter ticks (a polling loop)
-    collective_timeout: float = 600.0  # the process group's default; a rank's HANGDX_COLLECTIVE_TIMEOUT wins
+    collective_timeout: float = (
+        600.0  # NCCL's process-group default; a rank's HANGDX_COLLECTIVE_TIMEOUT or DEEPSPEED_TIMEOUT wins
+    )
     dry_run: bool = False  # judge and say, raise nothing (`--once` without --raise)
     once: bool = False  # one pass (`--once`): no earlier reading to compare counters with
     partitions: frozenset[str] = frozenset()  # empty: every partition

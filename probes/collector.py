@@ -526,6 +526,7 @@ _KEPT_ENV = (
     "TORCHELASTIC_RUN_ID",
     "HANGDX_JOB_ID",
     "HANGDX_COLLECTIVE_TIMEOUT",
+    "DEEPSPEED_TIMEOUT",
 )
 
 
@@ -778,13 +779,17 @@ def counters(job_id: str, host: str | None = None, gpus: bool = True) -> dict:
 
 
 def _timeout_of(env: dict[str, str]) -> float | None:
-    """The job's collective timeout in seconds, where its environment says it: HANGDX_COLLECTIVE_TIMEOUT (the
-    value given to init_process_group), else None (the caller's default: the process group's 10 minutes)."""
-    try:
-        value = float(env.get("HANGDX_COLLECTIVE_TIMEOUT", ""))
-    except ValueError:
-        return None
-    return value if 0 < value < 1e7 else None
+    """The job's collective timeout in seconds, where its environment says it: HANGDX_COLLECTIVE_TIMEOUT (seconds:
+    the value the job gives init_process_group), else DEEPSPEED_TIMEOUT (minutes: DeepSpeed's process-group
+    timeout, deepspeed/constants.py), else None (the caller's default: the NCCL process group's 10 minutes)."""
+    for key, scale in (("HANGDX_COLLECTIVE_TIMEOUT", 1.0), ("DEEPSPEED_TIMEOUT", 60.0)):
+        try:
+            value = float(env.get(key, "")) * scale
+        except ValueError:
+            continue
+        if 0 < value < 1e7:
+            return value
+    return None
 
 
 def find_pyspy() -> str | None:

@@ -421,3 +421,18 @@ def test_collective_counts_from_another_source_are_progress():
     before, after = reading_of([doc]), reading_of([{**doc, "collective_counts": {"0": 44}}])
     assert moved_ranks(before, after, 15.0) == {0: "completed 3 collective(s)"}
     assert moved_ranks(before, reading_of([doc]), 15.0) == {}
+
+
+def test_the_collective_timeout_is_read_from_the_ranks_environment():
+    stamp = f"tmo-{os.getpid()}"
+    procs = [
+        _spawn(f"{stamp}-ds", HUNG, 0, 1, DEEPSPEED_TIMEOUT="3"),  # DeepSpeed's, in minutes
+        _spawn(f"{stamp}-own", HUNG, 0, 1, HANGDX_COLLECTIVE_TIMEOUT="90", DEEPSPEED_TIMEOUT="3"),
+        _spawn(f"{stamp}-none", HUNG, 0, 1),
+    ]
+    try:
+        time.sleep(1.0)
+        got = {k: read_counters(f"{stamp}-{k}", DiagnoseOptions(how="local")) for k in ("ds", "own", "none")}
+    finally:
+        _kill(procs)
+    assert {k: r.timeout for k, r in got.items()} == {"ds": 180.0, "own": 90.0, "none": None}
