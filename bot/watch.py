@@ -580,6 +580,21 @@ def judge(facts: Facts) -> Confirmation:
     )
 
 
+def _user_calls(view) -> str | None:  # noqa: ANN001 - a facts RankView
+    """Where a rank's own code is, as its two innermost calls: "`evaluate()` → `score()` (train.py:88)"."""
+    from hangdx.playbooks.facts import is_library
+
+    thread = view.stacks[-1].main_thread() if view.stacks else None
+    if thread is None:
+        return None
+    own = [f for f in thread.frames if not f.native and not is_library(f) and f.function != "<module>"][:2]
+    if not own:
+        return None
+    inner = own[0]
+    where = f" ({os.path.basename(inner.file)}:{inner.line})" if inner.file and inner.line else ""
+    return " → ".join(f"`{f.function}()`" for f in reversed(own)) + where
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
@@ -930,8 +945,7 @@ class Watcher:
             return None
         waited = max(flat[v.rank] for v in waiting)
         holder = min(holders, key=lambda v: v.rank)
-        site = holder.location.call_site
-        where = f"`{site.split(' (')[0]}()` ({site.split(' (', 1)[1]}" if site and " (" in site else None
+        where = _user_calls(holder)
         doing = f"has been in {where}" if where else holder.location.describe()
         op = waiting[0].location.op_words or waiting[0].location.describe()
         text = (
