@@ -101,9 +101,26 @@ def _add_watch(sub) -> None:
     jobs = w.add_mutually_exclusive_group()  # checked in cmd_watch: one line, not argparse's usage text
     jobs.add_argument("--slurm", action="store_true", help="watch Slurm's running jobs")
     jobs.add_argument("--inventory", metavar="FILE", help="watch the jobs of this inventory")
-    w.add_argument("--interval", type=float, default=60.0, help="seconds between checks (default 60)")
     w.add_argument(
-        "--stall", type=float, default=600.0, help="seconds without output before a probe (default 600)"
+        "--interval",
+        type=float,
+        default=15.0,
+        help="seconds between checks of the cheap signals (default 15)",
+    )
+    w.add_argument(
+        "--stall",
+        type=float,
+        default=30.0,
+        help="seconds every signal (outputs, /proc counters, GPUs) stays flat before the stacks are sampled "
+        "(default 30)",
+    )
+    w.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="the jobs' collective timeout, for the warning before the watchdog (default 600, the process "
+        "group's; a rank's HANGDX_COLLECTIVE_TIMEOUT or DEEPSPEED_TIMEOUT wins)",
     )
     w.add_argument("--partition", default="", help="comma-separated partitions to watch (default all)")
     w.add_argument("--user", default="", help="comma-separated users whose jobs to watch (default all)")
@@ -115,7 +132,12 @@ def _add_watch(sub) -> None:
         help="how the confirmation probe reaches the ranks: local, slurm, inventory:PATH "
         "(default HANGDX_RESOLVER, else the watched source)",
     )
-    w.add_argument("--once", action="store_true", help="one check, print every decision, exit")
+    w.add_argument(
+        "--once", action="store_true", help="one check, print every decision, exit (a dry run unless --raise)"
+    )
+    w.add_argument(
+        "--raise", dest="raise_", action="store_true", help="with --once: open the incidents found"
+    )
     _add_ssh_options(w)
 
 
@@ -464,12 +486,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from hangdx.bot.diagnosis import DiagnoseOptions, DiagnosisError, check_resolver
     from hangdx.bot.incidents import StoreUnavailable
     from hangdx.bot.service import Service
-    from hangdx.bot.watch import Watcher, WatchError, WatchSettings
+    from hangdx.bot.watch import RedisLedger, Watcher, WatchError, WatchSettings, keep_bundle
 
     if not (args.slurm or args.inventory):
         raise UsageError("watch: which jobs? give --slurm or --inventory FILE")
-    if not (args.interval > 0 and args.stall > 0):
-        raise UsageError("watch: --interval and --stall must be positive numbers of seconds")
+    if not (args.interval > 0 and args.stall > 0 and args.collective_timeout > 0):
+        raise UsageError(
+            "watch: --interval, --stall and --collective-timeout must be positive numbers of seconds"
+        )
+    if args.raise_ and not args.once:
+        raise UsageError("watch: --raise goes with --once (the watcher raises what it finds)")
     source = "slurm" if args.slurm else f"inventory:{args.inventory}"
     how = args.probe or os.environ.get("HANGDX_RESOLVER", "").strip() or source
     try:
@@ -489,28 +515,60 @@ def cmd_watch(args: argparse.Namespace) -> int:
         jobs=ids(args.job),
         exclude=ids(args.exclude),
         probe=DiagnoseOptions(how=how, samples=2, interval=1.0, **_ssh_flags(args)),
+        collective_timeout=args.collective_timeout,
+        dry_run=args.once and not args.raise_,
+        once=args.once,
     )
     cfg = _bot_config()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        watcher = Watcher(settings, Service(cfg).submit)
+        service = Service(cfg)
+        watcher = Watcher(
+            settings,
+            service.submit,
+            ledger=RedisLedger(service.conn),
+            keep=lambda job, docs: keep_bundle(service.conn, job, docs),
+            say=lambda job, text: _watch_say(service, job, text),
+        )
         if args.once:
             for d in watcher.check():
                 fields = (d.job_id, d.outcome, d.reason)
                 sys.stdout.write("\t".join(printable(f, multiline=False) for f in fields) + "\n")
             return 0
         sys.stderr.write(
-            f"hangdx watch: {source} every {args.interval:g}s, stall window {args.stall:g}s, probe {how}\n"
+            f"hangdx watch: {source} every {args.interval:g}s, confirmation window {args.stall:g}s, probe {how}\n"
         )
         watcher.run(threading.Event(), report=_watch_report)
     except (WatchError, StoreUnavailable) as e:
         raise UsageError(str(e)) from None
+    except redis_errors() as e:
+        raise UsageError(f"watch: Redis: {' '.join(str(e).split())[:200]}") from None
     return 0
+
+
+def redis_errors() -> tuple[type[Exception], ...]:
+    import redis
+
+    return (redis.exceptions.RedisError,)
+
+
+def _watch_say(service, job: str, text: str) -> None:  # noqa: ANN001 - a Service
+    """A watcher's line (a warning, the job's end) in the job's incident thread and timeline; in the alert channel
+    when the job has no incident."""
+    from hangdx.bot.service import _post
+    from hangdx.bot.slack.blocks import mrkdwn
+
+    inc = service.store.get(job)
+    if inc is not None and inc.thread_ts:
+        service._say(inc, text)
+        service.store.add_event(job, "hangdx watch", "watch", text)
+    elif service.cfg.alert_channel:
+        _post(service.client, channel=service.cfg.alert_channel, text=mrkdwn("{t}", t=text))
 
 
 def _watch_report(d) -> None:
     """A line for what matters: a stall, a failure, a probe that could not tell or found the job moving."""
-    if d.outcome in ("stalled", "failed", "unconfirmed") or d.probe_seconds is not None:
+    if d.outcome in ("stalled", "failed", "unconfirmed", "warned", "ended") or d.probe_seconds is not None:
         said = printable(f"job {d.job_id} {d.outcome}: {d.reason}", multiline=False)
         sys.stderr.write(f"hangdx watch: {said}\n")
         sys.stderr.flush()

@@ -314,7 +314,15 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
     docs: list[dict[str, Any]] = []
     with Heartbeat(store, job, token, rq_id, ttl):
         try:
-            v, docs = diagnosis.diagnose(job, opts, progress=_progress_reporter(store, job))
+            kept = _watch_bundle(conn, job) if req.source == "watch" else None
+            if (
+                kept is not None
+            ):  # what hangdx watch took when it confirmed the hang: the job may be gone since
+                from hangdx.bot.watch import verdict_from_bundle
+
+                v, docs = verdict_from_bundle(job, *kept)
+            else:
+                v, docs = diagnosis.diagnose(job, opts, progress=_progress_reporter(store, job))
             verdict = v.to_dict()
             verdict["elapsed_seconds"] = v.elapsed_seconds
             # What the memory knows (a known fix, a node to drain) before how the evidence was gathered.
@@ -328,6 +336,16 @@ def run_diagnosis(req_dict: dict[str, Any], opts_dict: dict[str, Any]) -> dict[s
             raise
         kept = _finish(store, job, token, rq_id, verdict, error, docs)
     return {"job_id": job, "skipped": not kept, "error": error, "verdict": verdict}
+
+
+def _watch_bundle(conn: redis.Redis, job: str) -> tuple[float, list[dict[str, Any]]] | None:
+    from hangdx.bot.watch import load_bundle
+
+    try:
+        return load_bundle(conn, job)
+    except redis.exceptions.RedisError as e:
+        log.warning("job %s: the bundle hangdx watch kept could not be read: %s", job, e)
+        return None
 
 
 def _recall(

@@ -527,6 +527,8 @@ _KEPT_ENV = (
     "SLURM_PROCID",
     "TORCHELASTIC_RUN_ID",
     "HANGDX_JOB_ID",
+    "HANGDX_COLLECTIVE_TIMEOUT",
+    "DEEPSPEED_TIMEOUT",
 )
 
 
@@ -696,6 +698,100 @@ def sample_process(proc: dict, host: str) -> dict:
         "role": proc["role"],
         "parent_pid": proc.get("ppid"),
     }
+
+
+def _main_thread(pid: int) -> tuple[float | None, int | None]:
+    """The main thread's CPU seconds and voluntary context switches: a rank blocked in a wait adds none of
+    either, while its process's other threads (a watchdog, a heartbeat) tick on."""
+    raw = _read_text("/proc/%d/task/%d/stat" % (pid, pid)) or ""
+    cpu = None
+    rest = raw[raw.rfind(")") + 2 :].split() if raw else []
+    try:
+        cpu = (int(rest[11]) + int(rest[12])) / float(os.sysconf("SC_CLK_TCK"))
+    except (IndexError, ValueError):
+        pass
+    status = _read_text("/proc/%d/task/%d/status" % (pid, pid)) or ""
+    m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M)
+    return cpu, int(m.group(1)) if m else None
+
+
+def _gpu_counters() -> list[dict]:
+    """Utilisation and power of each GPU through NVML, where it is there; [] elsewhere."""
+    got = nvml_csv()
+    if got is None:
+        return []
+    out = []
+    for line in got[0].splitlines()[1:]:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 8:
+            continue
+        util = re.match(r"(\d+) %", cells[4])
+        power = re.match(r"([0-9.]+) W", cells[7])
+        out.append(
+            {
+                "index": _int(cells[0]),
+                "uuid": cells[1],
+                "util": int(util.group(1)) if util else None,
+                "power_w": float(power.group(1)) if power else None,
+            }
+        )
+    return out
+
+
+def counters(job_id: str, host: str | None = None, gpus: bool = True) -> dict:
+    """The cheap per-rank counters `hangdx watch` reads every pass, without touching the job (no ptrace, no
+    py-spy): each process's CPU milliseconds (its main thread's apart), the main thread's voluntary context
+    switches, its I/O bytes (rchar + wchar), its state; and the GPUs' utilisation and power where NVML is."""
+    host = host or socket.gethostname()
+    t0 = time.time()
+    procs, others, unreadable = find_job_processes(job_id)
+    procs, impostors = split_impostors(procs, job_uid(job_id))
+    rows = []
+    for p in procs:
+        st = _stat(p["pid"])
+        if st is None:
+            continue
+        main_cpu, main_switches = _main_thread(p["pid"])
+        rows.append(
+            {
+                "pid": p["pid"],
+                "rank": p["rank"],
+                "role": p["role"],
+                "state": st["state"],
+                "cpu_ms": int(round(st["cpu_seconds"] * 1000)),
+                "main_cpu_ms": None if main_cpu is None else int(round(main_cpu * 1000)),
+                "main_switches": main_switches,
+                "io_bytes": _io_bytes(p["pid"]),
+                "timeout_s": _timeout_of(p.get("env") or {}),
+            }
+        )
+    return {
+        "hangdx_collector": COLLECTOR_VERSION,
+        "hangdx": "counters",
+        "host": host,
+        "node_hostname": socket.gethostname(),
+        "job_id": job_id,
+        "sampled_at": t0,
+        "processes": rows,
+        "gpus": _gpu_counters() if gpus and rows else [],
+        "errors": [{"source": "processes", "message": m} for m in impostors],
+        "unreadable": unreadable,
+        "elapsed_ms": round((time.time() - t0) * 1000, 1),
+    }
+
+
+def _timeout_of(env: dict[str, str]) -> float | None:
+    """The job's collective timeout in seconds, where its environment says it: HANGDX_COLLECTIVE_TIMEOUT (seconds:
+    the value the job gives init_process_group), else DEEPSPEED_TIMEOUT (minutes: DeepSpeed's process-group
+    timeout, deepspeed/constants.py), else None (the caller's default: the NCCL process group's 10 minutes)."""
+    for key, scale in (("HANGDX_COLLECTIVE_TIMEOUT", 1.0), ("DEEPSPEED_TIMEOUT", 60.0)):
+        try:
+            value = float(env.get(key, "")) * scale
+        except ValueError:
+            continue
+        if 0 < value < 1e7:
+            return value
+    return None
 
 
 def find_pyspy() -> str | None:
@@ -1419,7 +1515,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.7)
     ap.add_argument("--no-hardware", action="store_true")
     ap.add_argument("--host", help="the name the caller knows this node by (default: its hostname)")
+    ap.add_argument("--counters", action="store_true", help="only the cheap per-rank counters (hangdx watch)")
     args = ap.parse_args(argv)
+    if args.counters:
+        json.dump(counters(args.job_id, host=args.host, gpus=not args.no_hardware), sys.stdout)
+        return 0
     doc = collect(args.job_id, args.samples, args.interval, host=args.host, hardware=not args.no_hardware)
     json.dump(doc, sys.stdout)
     return 0

@@ -1,4 +1,4 @@
-"""`hangdx watch --inventory FILE --once`: an inventory names no output files, so each job is probed at once;
+"""`hangdx watch --inventory FILE --once --raise`: an inventory names no output files, so each job is probed at once;
 a real process asleep in its "allreduce" (its rank 1 missing) is stalled and opens an incident in a real
 redis-server through Service.submit; a real process computing is moving and opens none."""
 
@@ -35,7 +35,7 @@ def test_inventory_jobs_are_probed_and_only_the_hung_one_opens_an_incident(redis
         time.sleep(1.0)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "HANGDX_"))}
         env["REDIS_URL"] = redis_url
-        argv = ["watch", "--inventory", str(inventory), "--once", "--probe", "local"]
+        argv = ["watch", "--inventory", str(inventory), "--once", "--raise", "--probe", "local"]
         out = subprocess.run(
             [sys.executable, "-m", "hangdx", *argv], env=env, capture_output=True, text=True, timeout=120
         )

@@ -198,13 +198,8 @@ def test_watch_turns_a_hung_sbatch_job_into_one_thread_and_leaves_the_others_alo
                 ]
 
             posts = _wait("the hung job's verdict in its thread", verdicts, 90)
-            # The slow job was silent past the stall window, probed, and found computing.
-            _wait(
-                "the slow job probed and found moving",
-                lambda: f"job {slow} moving: no output for" in watch_log.read_text(),
-                60,
-            )
-            time.sleep(3)  # more passes: the hung job must not be raised again
+            # The slow job is silent past the window but computing: its counters say so, and no probe runs.
+            time.sleep(STALL * 2)  # more passes: the hung job must not be raised again
             store = IncidentStore(connect(redis_url))
             inc = store.get(hung)
             # Later alerts of the job join its incident, as /alerts does: no second thread.
@@ -233,9 +228,8 @@ def test_watch_turns_a_hung_sbatch_job_into_one_thread_and_leaves_the_others_alo
     assert len(watch_events) == 1, inc.timeline
     assert [e for e in joined.timeline if e.get("actor") == "alertmanager"], joined.timeline
     assert others == dict.fromkeys(others), f"jobs made incidents: {others}"
-    (probed,) = [ln for ln in watch_text.splitlines() if f"job {slow} moving: no output for" in ln]
-    assert "rank(s) 0 moved between samples" in probed or "rank(s) 0 running their own code" in probed
-    assert f"job {hung} stalled: hangdx watch: no output for" in watch_text
+    assert f"job {slow} " not in watch_text, watch_text  # never probed: its CPU time moved every pass
+    assert f"job {hung} stalled: no output for" in watch_text and "every counter flat for" in watch_text
     assert "every rank waiting with its stack unchanged across 2 samples" in watch_text
     for job in (healthy, opted, excluded):
         assert f"job {job} " not in watch_text, watch_text
