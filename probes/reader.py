@@ -503,6 +503,21 @@ def chunks_of(stream: BinaryIO, limit: int | None = None) -> Iterator[bytes]:
 
     The next piece is read by a thread while the caller works on this one (a read waits without the GIL), at most
     READ_AHEAD pieces ahead: reading a big log then costs about what scanning it does, not the two added."""
+    # The first piece is read here: a small input (one piece, or a pipe that gives less) never starts a thread.
+    total = 0
+    while limit is None or total < limit:
+        want = CHUNK_BYTES if limit is None else min(CHUNK_BYTES, limit - total)
+        data = stream.read(want)
+        if not data:
+            return
+        total += len(data)
+        yield data
+        if len(data) == CHUNK_BYTES:
+            break  # a full piece: a big input, read ahead from here on
+    else:
+        return
+    if limit is not None:
+        limit -= total
     q: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=READ_AHEAD)
     stop = threading.Event()
 

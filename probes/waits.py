@@ -178,16 +178,28 @@ def _native_rows() -> tuple[Row, ...]:
 
 
 def is_library(frame: Frame) -> bool:
-    f = norm(frame.file)
-    return frame.native or f.startswith(LIBRARY_PREFIXES) or any(r.match_file(f) for r in _python_rows())
+    return frame.native or _is_library_file(frame.file)
+
+
+@functools.lru_cache(maxsize=65536)
+def _is_library_file(file: str) -> bool:
+    """Whether a file is a library's: asked for every frame of every rank, so answered once per file name."""
+    f = norm(file)
+    return f.startswith(LIBRARY_PREFIXES) or any(r.match_file(f) for r in _python_rows())
 
 
 def match_python(frame: Frame) -> tuple[Row, str] | None:
     """The row a Python frame matches, and the op it gives."""
-    f = norm(frame.file)
+    return _match_python(frame.file, frame.function)
+
+
+@functools.lru_cache(maxsize=65536)
+def _match_python(file: str, function: str) -> tuple[Row, str] | None:
+    """match_python by the frame's file and function: thousands of ranks share a few distinct frames."""
+    f = norm(file)
     for r in _python_rows():
         if r.match_file(f):
-            op = r.match_function(frame.function)
+            op = r.match_function(function)
             if op is not None:
                 return r, op
     return None
