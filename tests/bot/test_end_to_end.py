@@ -138,9 +138,22 @@ def test_alert_for_a_hung_job_ends_in_a_thread_naming_the_culprit(bot):
     post = verdicts[0].body
     assert post["channel"] == CHANNEL
     thread_ts = post["thread_ts"]
-    updates = [u for u in slack.calls_to("chat.update") if u.body["ts"] == thread_ts]
-    assert any("evidence from 1/1 hosts" in u.body["text"] for u in updates), "progress edited in place"
-    assert "conditional_collective" in updates[-1].body["text"] or "Rank 1" in updates[-1].body["text"]
+
+    def updates() -> list:
+        return [u for u in slack.calls_to("chat.update") if u.body["ts"] == thread_ts]
+
+    assert any("evidence from 1/1 hosts" in u.body["text"] for u in updates()), "progress edited in place"
+    # The parent's last edit names the verdict (it may land just after the verdict's reply; it must stay last).
+    wait_for(
+        "the parent edited to the verdict, last",
+        lambda: (
+            updates()
+            and (
+                "conditional_collective" in updates()[-1].body["text"]
+                or "Rank 1" in updates()[-1].body["text"]
+            )
+        ),
+    )
     blocks = post["blocks"] if isinstance(post["blocks"], list) else json.loads(post["blocks"])
     text = json.dumps(blocks)
     assert "conditional_collective" in text

@@ -148,8 +148,8 @@ def test_an_exporter_alert_through_alertmanager_diagnoses_the_job_with_the_inven
     assert counts["incidents"] == 1 and counts["lost"] == 0, counts
     events = [e["event"] for e in IncidentStore(bot.conn).get(job).timeline]
     assert events.count("opened") == 1 and "request" in events, events
-    said = json.dumps([c.body for c in bot.slack.delivered("chat.postMessage")])
-    assert "Notes: alert fired on node-a" in said  # the note as written (row 22: no .capitalize())
+    said = json.dumps([c.body for c in bot.slack.delivered("chat.postMessage")], ensure_ascii=False)
+    assert "alert fired on node-a" in said, said[-3000:]  # the note as written (row 22: no .capitalize())
 
 
 def _slash(url: str, text: str, response_url: str) -> requests.Response:
