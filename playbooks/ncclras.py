@@ -42,6 +42,18 @@ def _host(facts: Facts, ranks: list[int], addr: str | None, glob: bool = True) -
     return next(iter(names)) if len(names) == 1 else addr
 
 
+def _culprit(facts: Facts, members: dict, ranks: list[int], glob: bool) -> Culprit:
+    """The ranks RAS names, with the host, GPU and (when the ranks are not global) process of each."""
+    return Culprit(
+        ranks=ranks if glob else [],
+        hosts=sorted({h for r, i in members.items() if (h := _host(facts, [r], i.get("host"), glob))}),
+        gpus=[
+            _gpu(_host(facts, [r], i.get("host"), glob), i["gpu"]) for r, i in members.items() if i.get("gpu")
+        ],
+        processes=[] if glob else [f"{i['host']} pid {i['pid']}" for i in members.values() if i.get("pid")],
+    )
+
+
 def _gpu(host: str | None, gpu: str | None) -> str:
     return f"{host}:GPU {gpu}" if host else f"GPU {gpu}"
 
@@ -194,22 +206,10 @@ def _lagging(facts: Facts, reports: list[LogEvent]) -> Iterator[Match]:
             prev = _outliers(c, op)
             if prev:
                 evidence += [prev["crowd"]["quote"]] + [g["quote"] for g in prev["odd"]]
-        hosts = sorted({h for r, i in members.items() if (h := _host(facts, [r], i.get("host"), glob))})
         yield Match(
             "conditional_collective",
             conf,
-            Culprit(
-                ranks=o["ranks"] if glob else [],
-                hosts=hosts,
-                gpus=[
-                    _gpu(_host(facts, [r], i.get("host"), glob), i["gpu"])
-                    for r, i in members.items()
-                    if i.get("gpu")
-                ],
-                processes=[]
-                if glob
-                else [f"{i['host']} pid {i['pid']}" for i in members.values() if i.get("pid")],
-            ),
+            _culprit(facts, members, o["ranks"], glob),
             evidence,
             {
                 "kind": "lagging",
@@ -255,20 +255,7 @@ def _errors(facts: Facts, reports: list[LogEvent], lost: bool) -> Iterator[Match
                 yield Match(
                     cat[0],
                     cat[1],
-                    Culprit(
-                        ranks=ranks if glob else [],
-                        hosts=sorted(
-                            {h for r, i in members.items() if (h := _host(facts, [r], i.get("host"), glob))}
-                        ),
-                        gpus=[
-                            _gpu(_host(facts, [r], i.get("host"), glob), i["gpu"])
-                            for r, i in members.items()
-                            if i.get("gpu")
-                        ],
-                        processes=[]
-                        if glob
-                        else [f"{i['host']} pid {i['pid']}" for i in members.values() if i.get("pid")],
-                    ),
+                    _culprit(facts, members, ranks, glob),
                     [
                         q
                         for q in [
