@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,7 +246,12 @@ class Cluster:
         self.inventory_file = str(self.root / "inventory.yaml")
         self.port = 0
         self._unshare: dict[str, subprocess.Popen[bytes]] = {}
+        # Each node's PID namespace, held open from boot until this object goes: a namespace's inode number is
+        # freed with it and the kernel hands it to the next namespace made anywhere on the machine (another
+        # test's cluster), whose processes would then read as ours.
         self._namespaces: set[str] = set()
+        self._ns_fds: list[int] = []
+        weakref.finalize(self, _close_all, self._ns_fds)
         self._started = False
         self._stopped = False
 
@@ -478,7 +484,11 @@ class Cluster:
                     self.node_pids[host] = child
                     ns = _pid_ns(child)
                     if ns:
-                        self._namespaces.add(ns)
+                        with contextlib.suppress(OSError):
+                            self._ns_fds.append(os.open(f"/proc/{child}/ns/pid", os.O_RDONLY | os.O_CLOEXEC))
+                            # Read again with the namespace held: the child may have died in between.
+                            if _pid_ns(child) == ns:
+                                self._namespaces.add(ns)
                 if not (self.node_dir(host) / "ranks.json").exists():
                     continue
                 if not self._map_pids(host):
@@ -632,7 +642,30 @@ class Cluster:
         left = self.leftovers()
         shutil.rmtree(self.root, ignore_errors=True)
         if left:
-            raise RuntimeError(f"{self.job_id}: processes left in the nodes' namespaces: {left}")
+            raise RuntimeError(
+                f"{self.job_id}: processes left in the nodes' namespaces: {[_describe(p) for p in left]}"
+            )
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
+
+
+def _describe(pid: int) -> str:
+    """`pid (comm) state S wchan W ppid P`: what a process that outlived its node was doing."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip() or "-"
+    except (OSError, ValueError):
+        return f"{pid} (gone)"
+    return f"{pid} ({comm}) state {state} wchan {wchan} ppid {ppid}"
 
 
 def _children(pid: int) -> list[int]:
