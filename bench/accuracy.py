@@ -4,6 +4,7 @@
     python bench/accuracy.py --real      # the real-world corpus instead (bench/real.py)
     python bench/accuracy.py --sealed    # the sealed corpus: counts only, never a case (tests/fixtures/sealed/)
     python bench/accuracy.py --sealed --added-since REV   # only the sealed cases added after REV, counts only
+    python bench/accuracy.py --sealed --pairs    # also the misses counted by (expected, answered) category
     python bench/accuracy.py --realistic # the held-out realistic training programs (hangdx/zoo/realistic/)
 
 Prints: scenario, expected category, found category, culprit right, seconds from the start of
@@ -63,7 +64,7 @@ def added_since(rev: str, folder: str = SEALED) -> set[str] | None:
     return {os.path.basename(x) for x in out.split() if x.endswith(".yaml")}
 
 
-def sealed(folder: str = SEALED, only: set[str] | None = None) -> int:
+def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = False) -> int:
     """`hangdx analyze --json` on every sealed case; prints only counts per category, never a case or a line of one.
 
     The sealed set measures how the rules generalise: whoever writes rules must not learn which case failed, so
@@ -73,6 +74,7 @@ def sealed(folder: str = SEALED, only: set[str] | None = None) -> int:
 
     tally: dict[str, list[int]] = {}  # category -> [category right, total, culprit right, culprit named]
     refused = 0  # exit 2: "nothing hangdx can read"
+    missed: dict[tuple[str, str], int] = {}  # (expected, answered) -> how many, for --pairs
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".yaml") or (only is not None and name not in only):
             continue
@@ -95,6 +97,9 @@ def sealed(folder: str = SEALED, only: set[str] | None = None) -> int:
             rc = {}
         found = rc.get("category")
         got = rc.get("culprit") or {}
+        if found != expected:
+            key = (expected, "refused (exit 2)" if proc.returncode == 2 else str(found))
+            missed[key] = missed.get(key, 0) + 1
         row = tally.setdefault(expected, [0, 0, 0, 0])
         row[0] += found == expected
         row[1] += 1
@@ -117,6 +122,12 @@ def sealed(folder: str = SEALED, only: set[str] | None = None) -> int:
         f"{'total':24} {f'{right}/{total}':>15} {f'{cright}/{named}':>14}   ({pct:.0f}% of categories right)"
     )
     print(f"refused as unreadable (exit 2): {refused}/{total}")
+    if pairs:
+        print()
+        print(f"{'expected':24} {'answered instead':24} {'cases':>5}")
+        print("-" * 55)
+        for (want, got), n in sorted(missed.items()):
+            print(f"{want:24} {got:24} {n:>5}")
     return 0
 
 
@@ -136,6 +147,11 @@ def main() -> int:
         help="with --sealed: only the cases added after this git revision (the fresh ones), still counts only",
     )
     ap.add_argument(
+        "--pairs",
+        action="store_true",
+        help="with --sealed: also count the misses by (expected, answered) category pair, still never a case",
+    )
+    ap.add_argument(
         "--realistic",
         action="store_true",
         help="the held-out realistic training programs (hangdx/zoo/realistic/)",
@@ -148,7 +164,7 @@ def main() -> int:
             if only is None:
                 print(f"accuracy: git cannot say which sealed cases were added since {args.added_since}")
                 return 2
-        return sealed(only=only)
+        return sealed(only=only, pairs=args.pairs)
     if args.real:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import real
