@@ -53,10 +53,11 @@ SEALED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
 
 
 def added_since(rev: str, folder: str = SEALED) -> set[str] | None:
-    """Names of the sidecars in folder that git says were added after `rev` (None when git cannot say)."""
+    """Names of the sidecars in folder that are in HEAD and were not at `rev` (None when git cannot say); a case
+    renamed since (an audit's corrected category) counts as added."""
     try:
         out = subprocess.run(
-            ["git", "log", "--diff-filter=A", "--name-only", "--format=", f"{rev}..HEAD", "--", "."],
+            ["git", "diff", "--no-renames", "--diff-filter=A", "--name-only", rev, "HEAD", "--", "."],
             cwd=folder, capture_output=True, text=True, check=True, timeout=60,
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
