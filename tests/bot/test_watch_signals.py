@@ -436,3 +436,79 @@ def test_the_collective_timeout_is_read_from_the_ranks_environment():
     finally:
         _kill(procs)
     assert {k: r.timeout for k, r in got.items()} == {"ds": 180.0, "own": 90.0, "none": None}
+
+
+# `ncclras` as NCCL >= 2.28.7 answers `-f json` (tests/fixtures/ncclras/gen_lagging_2.29.7.json, made with the C
+# format strings of NCCL's src/ras/client_support.cc): the ranks given in `pids` are this test's processes, and each
+# query adds `step` AllReduce operations to every rank's count, as a job advancing between two passes would.
+RAS_STANDIN = """#!{python}
+import json, sys
+with open({log!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+calls = sum(1 for _ in open({log!r}))
+with open({fixture!r}) as f:
+    doc = json.load(f)
+for comm in doc["communicators"]:
+    for r in comm["ranks"]:
+        r["pid"] = {pids!r}.get(r["rank"], r["pid"])
+        r["collective_counts"]["AllReduce"] += calls * {step}
+json.dump(doc, sys.stdout, indent=2)
+"""
+
+
+def _ras_on_path(tmp_path: Path, monkeypatch, pids: dict[int, int], step: int) -> Path:  # noqa: ANN001
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "ncclras" / "gen_lagging_2.29.7.json"
+    bindir, log = tmp_path / "bin", tmp_path / "ncclras-argv.log"
+    bindir.mkdir()
+    script = bindir / "ncclras"
+    script.write_text(RAS_STANDIN.format(python=sys.executable, log=str(log), fixture=str(fixture), pids=pids,
+                                         step=step))  # fmt: skip
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.mark.parametrize(
+    "case, step, ours",
+    [
+        # The job's collectives advance: progress, though every rank's CPU thread is idle.
+        ("growing", 1, True),
+        ("stuck", 0, True),  # RAS answers with the same counts: the job is flat, its stacks confirm the hang
+        ("another job's", 1, False),  # RAS on the port names none of this job's pids: its counts are not ours
+    ],
+)
+def test_nccl_ras_collective_counts_are_a_cheap_signal(tmp_path, monkeypatch, case, step, ours):
+    """Issue 23 item 1: NCCL RAS (`ncclras`, where it is on the node) as one of the watcher's cheap signals. The
+    ranks are real processes asleep (their /proc counters flat); what RAS says of them decides."""
+    job = f"ras-{case.split()[0].strip(chr(39))}-{os.getpid()}"
+    procs = [_spawn(job, HUNG, r, 8) for r in (0, 1)]
+    probed: list[str] = []
+    clock = Clock()
+    try:
+        time.sleep(1.5)
+        pids = {p_rank: p.pid + (10**6 if not ours else 0) for p_rank, p in enumerate(procs)}
+        log = _ras_on_path(tmp_path, monkeypatch, pids, step)
+        from hangdx.bot.watch import probe
+
+        opts = DiagnoseOptions(how="local", samples=2, interval=1.0)
+
+        def confirm(job_id: str):
+            probed.append(job_id)
+            return probe(job_id, opts)
+
+        first = read_counters(job, opts)
+        w = Watcher(WatchSettings("inventory:-", probe=opts), lambda r: "", lambda: [RunningJob(job)], confirm,
+                    clock=clock)  # fmt: skip
+        passes = _passes(w, clock, 4)
+    finally:
+        _kill(procs)
+    outcomes = [p[job].outcome for p in passes]
+    assert log.read_text().splitlines()[0] == "-t 2 -f json"  # the fixed argv, on rank 0's node
+    if case == "growing":
+        # Every query adds one AllReduce to each of the 8 ranks (those on other nodes included: one query sees all).
+        assert first is not None and sorted(first.collectives) == list(range(8)), first
+        assert outcomes[1:] == ["moving"] * 3 and probed == [], [p[job].reason for p in passes]
+        assert "rank 0 completed 1 collective(s)" in passes[1][job].reason
+    else:
+        assert probed == [job] and outcomes[2] == "stalled", [p[job].reason for p in passes]
+        assert (first.collectives != {}) is ours, first.collectives
