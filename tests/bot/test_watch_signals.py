@@ -360,6 +360,49 @@ def test_once_is_a_dry_run_says_unknown_and_names_no_other_job(redis_url, tmp_pa
     assert len([e for e in store.get(hung).timeline if e.get("actor") == "hangdx watch"]) == 1
 
 
+@needs_redis
+def test_a_job_whose_incident_an_alert_opened_is_not_raised_again_until_it_is_resolved(redis_url, tmp_path):  # noqa: F811
+    """Issue 22 item 4: `watch --once --raise` (or a running watcher) never queues a second diagnosis of a job whose
+    incident is open, whoever opened it; once that incident is resolved, a job still hung is raised afresh."""
+    from hangdx.bot.incidents import IncidentStore, connect
+    from hangdx.bot.request import DiagnoseRequest
+
+    conn = connect(redis_url)
+    conn.flushdb()
+    job = f"alerted-{os.getpid()}"
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"jobs:\n  {job}: [localhost]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "HANGDX_"))}
+    env["REDIS_URL"] = redis_url
+    store = IncidentStore(conn)
+    store.open_or_join(
+        DiagnoseRequest(job, "alert", "alertmanager", summary="no training progress for 20m 0s")
+    )
+    procs = [_spawn(job, HUNG, 0, 2)]
+
+    def once() -> list[str]:
+        argv = ["watch", "--inventory", str(inventory), "--once", "--raise", "--probe", "local"]
+        out = subprocess.run([sys.executable, "-m", "hangdx", *argv], env=env, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return next(ln.split("\t")[1:] for ln in out.stdout.splitlines() if ln.startswith(job + "\t"))
+
+    try:
+        time.sleep(1.5)
+        left = once()
+        timeline = [(e["actor"], e["event"]) for e in store.get(job).timeline]
+        runs = dict(store.runs())
+        store.set_status(job, "resolved", "U0ONCALL01", "thought fixed")
+        raised = once()
+    finally:
+        _kill(procs)
+    assert left == ["raised", "its incident is open (not raised by hangdx watch): left to it"], left
+    assert timeline == [("alertmanager", "opened")] and job not in runs, (timeline, runs)
+    assert raised[0] == "stalled", raised
+    inc = store.get(job)
+    assert inc.is_open and [e["actor"] for e in inc.timeline if e["event"] == "opened"] == ["hangdx watch"]
+
+
 def test_raise_without_once_is_a_usage_error():
     out = subprocess.run([sys.executable, "-m", "hangdx", "watch", "--inventory", "x.yaml", "--raise"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
