@@ -258,6 +258,59 @@ def test_the_bundle_is_in_the_incident_after_the_job_is_killed_and_the_thread_sa
     assert said == [(job, decisions[0].reason)] and "the verdict in this thread stands" in said[0][1]
 
 
+@pytest.mark.zoo
+@needs_redis
+def test_a_real_hangs_full_bundle_outlives_the_job_and_its_verdict_names_the_culprit(redis_url, monkeypatch):  # noqa: F811
+    """Issue 23 item 2 with a real torch.distributed hang (the zoo's skip_collective: rank 1 skipped an all_reduce),
+    its ranks serving their live Flight Recorder through torch's control plane: what the watcher keeps on
+    confirmation is the full bundle (every rank's stacks and Flight Recorder, process state, the host's kernel log
+    and fabric state), and the worker's verdict from it, after the job was killed, names rank 1."""
+    pytest.importorskip("torch")
+    from hangdx.bot import queue as hq
+    from hangdx.bot.incidents import IncidentStore, connect
+    from hangdx.zoo.launch import ZooJob
+
+    conn = connect(redis_url)
+    conn.flushdb()
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    store = IncidentStore(conn)
+    opened = []
+
+    def submit(req):  # noqa: ANN001 - as Service.submit does: open the incident, queue the diagnosis
+        store.open_or_join(req)
+        opened.append(req)
+
+    clock = Clock()
+    with ZooJob("skip_collective", control_plane=True) as job:
+        job.wait_until_stuck(timeout=150)
+        w = Watcher(
+            WatchSettings("inventory:-", probe=DiagnoseOptions(how="local", samples=2, interval=1.0)),
+            submit,
+            lambda: [RunningJob(job.job_id)],
+            clock=clock,
+            ledger=RedisLedger(conn),
+            keep=lambda j, docs: keep_bundle(conn, j, docs),
+        )
+        outcomes = [p[job.job_id].outcome for p in _passes(w, clock, 4)]
+    # The job is gone (its ranks killed, as the watchdog would); the bundle is not.
+    assert outcomes == ["quiet", "quiet", "stalled", "raised"], outcomes
+    kept = load_bundle(conn, job.job_id)
+    assert kept is not None
+    arts = [a for d in kept[1] for a in d["artifacts"]]
+    by_kind: dict[str, set] = {}
+    for a in arts:
+        by_kind.setdefault(a["kind"], set()).add(a["rank"])
+    assert by_kind["pyspy"] == by_kind["flight_recorder"] == {0, 1, 2, 3}, sorted(by_kind)
+    assert "procstate" in by_kind and "ip_link" in by_kind, sorted(by_kind)
+    errors = [e for d in kept[1] for e in d.get("errors") or []]
+    assert "kernel_log" in by_kind or any(e["source"] == "kernel log" for e in errors)  # read, or why not
+    out = hq.run_diagnosis(opened[0].to_dict(), {"how": "local", "samples": 2, "interval": 0.5})
+    assert out["error"] is None, out
+    rc = out["verdict"]["root_cause"]
+    assert rc["category"] == "conditional_collective" and rc["culprit"]["ranks"] == [1], rc
+    assert store.get(job.job_id).latest_verdict["root_cause"]["culprit"]["ranks"] == [1]
+
+
 EVAL = """
 import os, time
 from datetime import timedelta
