@@ -463,6 +463,7 @@ class SlackNotifier:
                 thread_ts=incident.thread_ts,
                 text=mrkdwn("Diagnosis of job {job} could not run: {error}", job=job, error=error),
             )
+            self._final_edit(incident, self._failed_text(incident, error))
             return
         from hangdx.bot.slurm_actions import knows_job
 
@@ -473,15 +474,28 @@ class SlackNotifier:
             blocks=verdict_blocks(verdict, job, slurm=knows_job(job)),  # Slurm's buttons for Slurm's jobs
             text=verdict_text(verdict),
         )
-        if incident.thread_ts:
-            with self._edit_lock(incident.thread_ts):
-                self._final.add(incident.thread_ts)
-                try:
-                    self.client.chat_update(
-                        channel=incident.channel, ts=incident.thread_ts, text=verdict_text(verdict)
-                    )
-                except (SlackApiError, OSError) as e:
-                    log.warning("chat.update failed: %s", e)
+        self._final_edit(incident, verdict_text(verdict))
+
+    def _final_edit(self, incident: Incident, text: str) -> None:
+        """The parent message's last edit of this diagnosis: no progress edit lands after it."""
+        if not incident.thread_ts:
+            return
+        with self._edit_lock(incident.thread_ts):
+            self._final.add(incident.thread_ts)
+            try:
+                self.client.chat_update(channel=incident.channel, ts=incident.thread_ts, text=text)
+            except (SlackApiError, OSError) as e:
+                log.warning("chat.update failed: %s", e)
+
+    @staticmethod
+    def _failed_text(incident: Incident, error: str | None) -> str:
+        """A failed diagnosis in the parent message, never left at its progress ("evidence from 0/1 hosts"): the
+        earlier verdict stands when there is one, and the failure is said beside it."""
+        why = " ".join(str(error or "unknown error").split())[:300]
+        earlier = incident.latest_verdict
+        if earlier:
+            return verdict_text(earlier) + mrkdwn(" (the latest diagnosis could not run: {why})", why=why)
+        return mrkdwn("hangdx: job {job}: diagnosis failed: {why}", job=incident.job_id, why=why)
 
 
 @functools.lru_cache(maxsize=1)

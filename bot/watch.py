@@ -650,6 +650,10 @@ class Ledger:
     def release(self, what: str, job_id: str) -> None:
         self._keys.pop(f"{what}:{job_id}", None)
 
+    def incident_open(self, job_id: str) -> bool:
+        """Whether the job has an open incident (opened by an alert, a person or a watcher): no incident store here."""
+        return False
+
 
 class RedisLedger(Ledger):
     """The ledger in Redis. Redis unreachable ends the pass with one line (WatchError): nothing is raised without
@@ -682,6 +686,11 @@ class RedisLedger(Ledger):
             self._do(lambda: self.conn.delete(self._key(what, job_id)))
         except WatchError as e:
             log.warning("job %s: %s", job_id, e)
+
+    def incident_open(self, job_id: str) -> bool:
+        from hangdx.bot.incidents import OPEN_SET
+
+        return bool(self._do(lambda: self.conn.sismember(OPEN_SET, job_id)))
 
 
 RAISED_TTL = 7 * 24 * 3600.0  # a job raised stays raised this long (longer than any job hangs unnoticed)
@@ -877,6 +886,13 @@ class Watcher:
                 return self._ended(job.job_id, "no process of it is left")
             track.reading = reading or track.reading
             return Decision(job.job_id, "raised", "its incident is open")
+        if self.ledger.incident_open(job.job_id):
+            # Opened by an alert or a person (/diagnose): that incident has its diagnosis and its thread; a watcher
+            # adds no second one. Once it is resolved, a job still hung is watched (and raised) afresh.
+            self.tracks.pop(job.job_id, None)
+            return Decision(
+                job.job_id, "raised", "its incident is open (not raised by hangdx watch): left to it"
+            )
         state = output_state(job)
         sizes = state[0] if state else None
         reading, moved = self._signals(job, track, now)

@@ -738,14 +738,17 @@ def _gpu_counters() -> list[dict]:
     return out
 
 
-def counters(job_id: str, host: str | None = None, gpus: bool = True) -> dict:
+def counters(job_id: str, host: str | None = None, gpus: bool = True, ras: bool = True) -> dict:
     """The cheap per-rank counters `hangdx watch` reads every pass, without touching the job (no ptrace, no
     py-spy): each process's CPU milliseconds (its main thread's apart), the main thread's voluntary context
-    switches, its I/O bytes (rchar + wchar), its state; and the GPUs' utilisation and power where NVML is."""
+    switches, its I/O bytes (rchar + wchar), its state; the GPUs' utilisation and power where NVML is; and, where
+    `ncclras` is on PATH, each rank's count of collective operations as NCCL RAS reports them (ncclras_counts)."""
     host = host or socket.gethostname()
     t0 = time.time()
     procs, others, unreadable = find_job_processes(job_id)
     procs, impostors = split_impostors(procs, job_uid(job_id))
+    errors = [{"source": "processes", "message": m} for m in impostors]
+    collectives = ncclras_counts(procs, errors) if ras and procs and shutil.which("ncclras") else None
     rows = []
     for p in procs:
         st = _stat(p["pid"])
@@ -774,10 +777,76 @@ def counters(job_id: str, host: str | None = None, gpus: bool = True) -> dict:
         "sampled_at": t0,
         "processes": rows,
         "gpus": _gpu_counters() if gpus and rows else [],
-        "errors": [{"source": "processes", "message": m} for m in impostors],
+        "collective_counts": collectives or {},
+        "errors": errors,
         "unreadable": unreadable,
         "elapsed_ms": round((time.time() - t0) * 1000, 1),
     }
+
+
+# A watch pass's query (`ncclras -t 2`): a job's RAS answers in well under a second.
+NCCLRAS_COUNTS_TIMEOUT = 5.0
+
+
+def ncclras_counts(procs: list, errors: list) -> dict:
+    """Each global rank's collective operations as NCCL RAS counts them (`ncclras -f json`, NCCL >= 2.28.7), summed
+    over the job's communicators: {"RANK": N}. A count that grows between two passes is progress even when the
+    rank's CPU thread idles (its GPU does the work). Asked, as the full collector asks, only on the nodes of the
+    job's first and last rank. A communicator rank is a global rank when its process is one of this node's ranks
+    (by pid) or when the communicator spans the whole job (its size is WORLD_SIZE); other ranks are left out.
+    {} when RAS is off, ncclras is too old for JSON, or its report names none of this node's ranks (another job's
+    NCCL may hold the RAS port: its counts must never pass for this job's progress)."""
+    ranks = {p["pid"]: p["rank"] for p in procs if p.get("rank") is not None}
+    sizes = [p["world_size"] for p in procs if p.get("world_size")]
+    world = sizes[0] if sizes else None
+    if not ranks or not (0 in ranks.values() or (world and world - 1 in ranks.values())):
+        return {}
+    if all((p.get("env") or {}).get("NCCL_RAS_ENABLE") == "0" for p in procs):
+        return {}
+    where, problem = _ras_address(procs)
+    if problem:
+        errors.append({"source": "ncclras", "message": problem + "; queried the default address"})
+    argv = ["ncclras", "-t", "2", "-f", "json"]
+    if where:
+        argv += ["-h", where[0], "-p", str(where[1])]
+    out, err, cut = run_capped(argv, NCCLRAS_COUNTS_TIMEOUT, NCCLRAS_MAX_BYTES)
+    if err or cut or not out:
+        errors.append({"source": "ncclras", "message": err or "ncclras -f json: no whole report"})
+        return {}
+    try:
+        doc = json.loads(out)
+        comms = [c for c in doc.get("communicators") or [] if isinstance(c, dict)]
+    except (ValueError, AttributeError, TypeError):
+        errors.append(
+            {"source": "ncclras", "message": "ncclras -f json printed no JSON report (NCCL < 2.28.7?)"}
+        )
+        return {}
+    counts = {}
+    named = False
+    for comm in comms:
+        whole = world is not None and comm.get("size") == world
+        listed = comm.get("ranks")
+        for r in listed if isinstance(listed, list) else []:
+            if not isinstance(r, dict) or not isinstance(r.get("collective_counts"), dict):
+                continue
+            pid = r.get("pid") if isinstance(r.get("pid"), int) else None
+            named = named or pid in ranks
+            rank = ranks[pid] if pid in ranks else (r.get("rank") if whole else None)
+            if not isinstance(rank, int) or isinstance(rank, bool):
+                continue
+            n = sum(
+                v for v in r["collective_counts"].values() if isinstance(v, int) and not isinstance(v, bool)
+            )
+            counts[str(rank)] = counts.get(str(rank), 0) + n
+    if not named:
+        errors.append(
+            {
+                "source": "ncclras",
+                "message": "the RAS report names none of this job's processes on this node: its counts not used",
+            }
+        )
+        return {}
+    return counts
 
 
 def _timeout_of(env: dict[str, str]) -> float | None:

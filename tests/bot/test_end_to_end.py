@@ -132,6 +132,13 @@ def test_alert_for_a_hung_job_ends_in_a_thread_naming_the_culprit(bot):
             "the repeated alert on the timeline",
             lambda: len(IncidentStore(connect(rurl)).get(job.job_id).timeline) >= 3,
         )
+        # A diagnosis the repeated alert started ends while the job still hangs, not racing its end (/alerts
+        # answered 202 once the run was claimed: none in flight means none is coming).
+        wait_for(
+            "no diagnosis of the job in flight",
+            lambda: job.job_id not in dict(IncidentStore(connect(rurl)).runs()),
+            timeout=120,
+        )
     parents = [c for c in slack.calls_to("chat.postMessage") if not c.body.get("thread_ts")]
     assert len(parents) == 1, "one thread per incident, not one per alert"
     assert parents[0].body["channel"] == CHANNEL and job.job_id in parents[0].body["text"]

@@ -62,3 +62,28 @@ def test_no_progress_edit_after_the_verdict_until_a_new_diagnosis_begins():
         notifier.begin(inc)  # the same job is diagnosed again
         notifier.progress(inc, 1, 4)
         assert len(slack.calls_to("chat.update")) == 2
+
+
+def test_a_failed_diagnosis_leaves_the_parent_saying_so_not_at_its_progress():
+    """Issue 22 item 6 in the thread's parent: a diagnosis that fails (the job gone, no known_hosts) ends the
+    progress edits with a last edit that says so; an earlier verdict of the incident stands beside it."""
+    with SlackStandin() as slack:
+        notifier, inc = _notifier(slack), _incident()
+        notifier.begin(inc)
+        notifier.progress(inc, 0, 1)
+        notifier(inc, None, "no process of job '4242' found on gpu-node-03")
+        notifier.progress(inc, 1, 1)  # a late report of the failed run: not shown
+        edits = [c.body.get("text", "") for c in slack.calls_to("chat.update")]
+        assert len(edits) == 2 and edits[-1] == (
+            "hangdx: job 4242: diagnosis failed: no process of job '4242' found on gpu-node-03"
+        ), edits
+
+        inc.verdicts.append(VERDICT)  # a Re-run (or a repeated alert) of a diagnosed incident fails
+        notifier.begin(inc)
+        notifier.progress(inc, 0, 1)
+        notifier(inc, None, "no process of job '4242' found on gpu-node-03")
+        last = [c.body.get("text", "") for c in slack.calls_to("chat.update")][-1]
+        assert last.startswith("hangdx: job 4242 HUNG: conditional_collective (0.90), culprit rank 1."), last
+        assert last.endswith(
+            "(the latest diagnosis could not run: no process of job '4242' found on gpu-node-03)"
+        )

@@ -258,6 +258,59 @@ def test_the_bundle_is_in_the_incident_after_the_job_is_killed_and_the_thread_sa
     assert said == [(job, decisions[0].reason)] and "the verdict in this thread stands" in said[0][1]
 
 
+@pytest.mark.zoo
+@needs_redis
+def test_a_real_hangs_full_bundle_outlives_the_job_and_its_verdict_names_the_culprit(redis_url, monkeypatch):  # noqa: F811
+    """Issue 23 item 2 with a real torch.distributed hang (the zoo's skip_collective: rank 1 skipped an all_reduce),
+    its ranks serving their live Flight Recorder through torch's control plane: what the watcher keeps on
+    confirmation is the full bundle (every rank's stacks and Flight Recorder, process state, the host's kernel log
+    and fabric state), and the worker's verdict from it, after the job was killed, names rank 1."""
+    pytest.importorskip("torch")
+    from hangdx.bot import queue as hq
+    from hangdx.bot.incidents import IncidentStore, connect
+    from hangdx.zoo.launch import ZooJob
+
+    conn = connect(redis_url)
+    conn.flushdb()
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    store = IncidentStore(conn)
+    opened = []
+
+    def submit(req):  # noqa: ANN001 - as Service.submit does: open the incident, queue the diagnosis
+        store.open_or_join(req)
+        opened.append(req)
+
+    clock = Clock()
+    with ZooJob("skip_collective", control_plane=True) as job:
+        job.wait_until_stuck(timeout=150)
+        w = Watcher(
+            WatchSettings("inventory:-", probe=DiagnoseOptions(how="local", samples=2, interval=1.0)),
+            submit,
+            lambda: [RunningJob(job.job_id)],
+            clock=clock,
+            ledger=RedisLedger(conn),
+            keep=lambda j, docs: keep_bundle(conn, j, docs),
+        )
+        outcomes = [p[job.job_id].outcome for p in _passes(w, clock, 4)]
+    # The job is gone (its ranks killed, as the watchdog would); the bundle is not.
+    assert outcomes == ["quiet", "quiet", "stalled", "raised"], outcomes
+    kept = load_bundle(conn, job.job_id)
+    assert kept is not None
+    arts = [a for d in kept[1] for a in d["artifacts"]]
+    by_kind: dict[str, set] = {}
+    for a in arts:
+        by_kind.setdefault(a["kind"], set()).add(a["rank"])
+    assert by_kind["pyspy"] == by_kind["flight_recorder"] == {0, 1, 2, 3}, sorted(by_kind)
+    assert "procstate" in by_kind and "ip_link" in by_kind, sorted(by_kind)
+    errors = [e for d in kept[1] for e in d.get("errors") or []]
+    assert "kernel_log" in by_kind or any(e["source"] == "kernel log" for e in errors)  # read, or why not
+    out = hq.run_diagnosis(opened[0].to_dict(), {"how": "local", "samples": 2, "interval": 0.5})
+    assert out["error"] is None, out
+    rc = out["verdict"]["root_cause"]
+    assert rc["category"] == "conditional_collective" and rc["culprit"]["ranks"] == [1], rc
+    assert store.get(job.job_id).latest_verdict["root_cause"]["culprit"]["ranks"] == [1]
+
+
 EVAL = """
 import os, time
 from datetime import timedelta
@@ -360,6 +413,49 @@ def test_once_is_a_dry_run_says_unknown_and_names_no_other_job(redis_url, tmp_pa
     assert len([e for e in store.get(hung).timeline if e.get("actor") == "hangdx watch"]) == 1
 
 
+@needs_redis
+def test_a_job_whose_incident_an_alert_opened_is_not_raised_again_until_it_is_resolved(redis_url, tmp_path):  # noqa: F811
+    """Issue 22 item 4: `watch --once --raise` (or a running watcher) never queues a second diagnosis of a job whose
+    incident is open, whoever opened it; once that incident is resolved, a job still hung is raised afresh."""
+    from hangdx.bot.incidents import IncidentStore, connect
+    from hangdx.bot.request import DiagnoseRequest
+
+    conn = connect(redis_url)
+    conn.flushdb()
+    job = f"alerted-{os.getpid()}"
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"jobs:\n  {job}: [localhost]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "HANGDX_"))}
+    env["REDIS_URL"] = redis_url
+    store = IncidentStore(conn)
+    store.open_or_join(
+        DiagnoseRequest(job, "alert", "alertmanager", summary="no training progress for 20m 0s")
+    )
+    procs = [_spawn(job, HUNG, 0, 2)]
+
+    def once() -> list[str]:
+        argv = ["watch", "--inventory", str(inventory), "--once", "--raise", "--probe", "local"]
+        out = subprocess.run([sys.executable, "-m", "hangdx", *argv], env=env, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return next(ln.split("\t")[1:] for ln in out.stdout.splitlines() if ln.startswith(job + "\t"))
+
+    try:
+        time.sleep(1.5)
+        left = once()
+        timeline = [(e["actor"], e["event"]) for e in store.get(job).timeline]
+        runs = dict(store.runs())
+        store.set_status(job, "resolved", "U0ONCALL01", "thought fixed")
+        raised = once()
+    finally:
+        _kill(procs)
+    assert left == ["raised", "its incident is open (not raised by hangdx watch): left to it"], left
+    assert timeline == [("alertmanager", "opened")] and job not in runs, (timeline, runs)
+    assert raised[0] == "stalled", raised
+    inc = store.get(job)
+    assert inc.is_open and [e["actor"] for e in inc.timeline if e["event"] == "opened"] == ["hangdx watch"]
+
+
 def test_raise_without_once_is_a_usage_error():
     out = subprocess.run([sys.executable, "-m", "hangdx", "watch", "--inventory", "x.yaml", "--raise"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -436,3 +532,79 @@ def test_the_collective_timeout_is_read_from_the_ranks_environment():
     finally:
         _kill(procs)
     assert {k: r.timeout for k, r in got.items()} == {"ds": 180.0, "own": 90.0, "none": None}
+
+
+# `ncclras` as NCCL >= 2.28.7 answers `-f json` (tests/fixtures/ncclras/gen_lagging_2.29.7.json, made with the C
+# format strings of NCCL's src/ras/client_support.cc): the ranks given in `pids` are this test's processes, and each
+# query adds `step` AllReduce operations to every rank's count, as a job advancing between two passes would.
+RAS_STANDIN = """#!{python}
+import json, sys
+with open({log!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+calls = sum(1 for _ in open({log!r}))
+with open({fixture!r}) as f:
+    doc = json.load(f)
+for comm in doc["communicators"]:
+    for r in comm["ranks"]:
+        r["pid"] = {pids!r}.get(r["rank"], r["pid"])
+        r["collective_counts"]["AllReduce"] += calls * {step}
+json.dump(doc, sys.stdout, indent=2)
+"""
+
+
+def _ras_on_path(tmp_path: Path, monkeypatch, pids: dict[int, int], step: int) -> Path:  # noqa: ANN001
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "ncclras" / "gen_lagging_2.29.7.json"
+    bindir, log = tmp_path / "bin", tmp_path / "ncclras-argv.log"
+    bindir.mkdir()
+    script = bindir / "ncclras"
+    script.write_text(RAS_STANDIN.format(python=sys.executable, log=str(log), fixture=str(fixture), pids=pids,
+                                         step=step))  # fmt: skip
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.mark.parametrize(
+    "case, step, ours",
+    [
+        # The job's collectives advance: progress, though every rank's CPU thread is idle.
+        ("growing", 1, True),
+        ("stuck", 0, True),  # RAS answers with the same counts: the job is flat, its stacks confirm the hang
+        ("another job's", 1, False),  # RAS on the port names none of this job's pids: its counts are not ours
+    ],
+)
+def test_nccl_ras_collective_counts_are_a_cheap_signal(tmp_path, monkeypatch, case, step, ours):
+    """Issue 23 item 1: NCCL RAS (`ncclras`, where it is on the node) as one of the watcher's cheap signals. The
+    ranks are real processes asleep (their /proc counters flat); what RAS says of them decides."""
+    job = f"ras-{case.split()[0].strip(chr(39))}-{os.getpid()}"
+    procs = [_spawn(job, HUNG, r, 8) for r in (0, 1)]
+    probed: list[str] = []
+    clock = Clock()
+    try:
+        time.sleep(1.5)
+        pids = {p_rank: p.pid + (10**6 if not ours else 0) for p_rank, p in enumerate(procs)}
+        log = _ras_on_path(tmp_path, monkeypatch, pids, step)
+        from hangdx.bot.watch import probe
+
+        opts = DiagnoseOptions(how="local", samples=2, interval=1.0)
+
+        def confirm(job_id: str):
+            probed.append(job_id)
+            return probe(job_id, opts)
+
+        first = read_counters(job, opts)
+        w = Watcher(WatchSettings("inventory:-", probe=opts), lambda r: "", lambda: [RunningJob(job)], confirm,
+                    clock=clock)  # fmt: skip
+        passes = _passes(w, clock, 4)
+    finally:
+        _kill(procs)
+    outcomes = [p[job].outcome for p in passes]
+    assert log.read_text().splitlines()[0] == "-t 2 -f json"  # the fixed argv, on rank 0's node
+    if case == "growing":
+        # Every query adds one AllReduce to each of the 8 ranks (those on other nodes included: one query sees all).
+        assert first is not None and sorted(first.collectives) == list(range(8)), first
+        assert outcomes[1:] == ["moving"] * 3 and probed == [], [p[job].reason for p in passes]
+        assert "rank 0 completed 1 collective(s)" in passes[1][job].reason
+    else:
+        assert probed == [job] and outcomes[2] == "stalled", [p[job].reason for p in passes]
+        assert (first.collectives != {}) is ours, first.collectives

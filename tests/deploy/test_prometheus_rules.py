@@ -72,3 +72,15 @@ def test_every_firing_alert_names_the_training_job_and_asks_for_a_diagnosis():
     for name, rule in _alerts().items():
         assert "hangdx_job_id" in rule["annotations"]["summary"], name
         assert rule["labels"]["hangdx"] == "diagnose", name
+
+
+def test_the_readme_section_the_rules_file_points_to_exists():
+    """Issue 22 item 7: the rules file once pointed to a deploy/README section that did not exist."""
+    import re
+
+    head = RULES.read_text().split("groups:", 1)[0]
+    m = re.search(r'(README\.md|deploy/README\.md), "([^"]+)"', " ".join(head.replace("#", " ").split()))
+    assert m, "the rules file names no README section"
+    readme = RULES_DIR.parents[1] / m.group(1)
+    headings = [ln.lstrip("#").strip() for ln in readme.read_text().splitlines() if ln.startswith("#")]
+    assert m.group(2) in headings, (m.groups(), headings)

@@ -223,6 +223,15 @@ def test_a_failed_diagnosis_shows_as_failed_in_diagnose_status(bot, start_alertm
     said = json.dumps(answer.get("blocks"))
     assert f"*Job {job}*: diagnosis failed (investigating)" in said, said
     assert f"Why: no process of job '{job}' found on" in said, said
+    # ... and so does the thread's parent, whose last edit is no longer the diagnosis's progress.
+    edits = wait_for(
+        "the parent's last edit",
+        lambda: [
+            c.body["text"] for c in bot.slack.calls_to("chat.update") if c.body.get("ts") == inc.thread_ts
+        ],
+        30,
+    )
+    assert edits[-1].startswith(f"hangdx: job {job}: diagnosis failed: no process of job"), edits
     # ... and the postmortem export says so too.
     md = subprocess.run(
         [sys.executable, "-m", "hangdx", "incident", job],
