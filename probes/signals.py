@@ -154,8 +154,17 @@ def apply(hits: list[Hit], src: Source, ev: Evidence, events_before: int, colls_
         if same:
             for e in same:
                 # The row's kind too: the parser may have read the line as something wider (an `exception`).
+                # One message told over several lines keeps what its strongest line says (a wrapped NCCL error:
+                # "NCCL error in: ..." says nothing, "ncclUnhandledCudaError: ..." points at the GPU).
+                before = e.fields.get("signal_strength")
+                stronger = (
+                    before in _STRENGTH_ORDER and _STRENGTH_ORDER[h.row.strength] < _STRENGTH_ORDER[before]
+                )
                 for k, v in {**marks, "signal_event": h.row.event}.items():
-                    e.fields.setdefault(k, v)
+                    if stronger:
+                        e.fields[k] = v
+                    else:
+                        e.fields.setdefault(k, v)
             added += 1
             continue
         if h.line.no in coll_lines:
