@@ -8,6 +8,7 @@ not counted twice: that event only gains the row's id, category and strength.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +45,41 @@ def current(ev: Evidence) -> catalogue.Catalogue | None:
 
 
 def _best(found: list[tuple[catalogue.Row, dict[str, Any]]]) -> tuple[catalogue.Row, dict[str, Any]]:
-    """Of the rows one line matches, the one that says most: the strongest, then the most specific pattern."""
-    return min(found, key=lambda rf: (_STRENGTH_ORDER[rf[0].strength], -len(rf[0].pattern)))
+    """Of the rows one line matches, the one that says most: the strongest, then the most specific pattern (the
+    most fixed text: a message row before a row for the prefix the same line carries), then the longest."""
+    return min(
+        found,
+        key=lambda rf: (_STRENGTH_ORDER[rf[0].strength], -_fixed_chars(rf[0].pattern), -len(rf[0].pattern)),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _fixed_chars(pattern: str) -> int:
+    """How many characters every match of the pattern spells out literally (group names and classes excluded;
+    of alternatives the shortest; repeats by their minimum)."""
+    try:
+        import re._parser as sre_parse  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse  # type: ignore[no-redef]
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    def fixed(seq) -> int:
+        n = 0
+        for op, av in seq:
+            if op is c.LITERAL:
+                n += 1
+            elif op is c.SUBPATTERN:
+                n += fixed(av[-1])
+            elif op is c.BRANCH:
+                n += min(fixed(b) for b in av[1])
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT) and av[0]:
+                n += av[0] * fixed(av[2])
+        return n
+
+    try:
+        return fixed(sre_parse.parse(pattern))
+    except Exception:  # pragma: no cover - rows are checked on load; a bad one ranks by its length
+        return 0
 
 
 def find(cat: catalogue.Catalogue, lines: list[Line]) -> list[Hit]:
@@ -120,8 +154,17 @@ def apply(hits: list[Hit], src: Source, ev: Evidence, events_before: int, colls_
         if same:
             for e in same:
                 # The row's kind too: the parser may have read the line as something wider (an `exception`).
+                # One message told over several lines keeps what its strongest line says (a wrapped NCCL error:
+                # "NCCL error in: ..." says nothing, "ncclUnhandledCudaError: ..." points at the GPU).
+                before = e.fields.get("signal_strength")
+                stronger = (
+                    before in _STRENGTH_ORDER and _STRENGTH_ORDER[h.row.strength] < _STRENGTH_ORDER[before]
+                )
                 for k, v in {**marks, "signal_event": h.row.event}.items():
-                    e.fields.setdefault(k, v)
+                    if stronger:
+                        e.fields[k] = v
+                    else:
+                        e.fields.setdefault(k, v)
             added += 1
             continue
         if h.line.no in coll_lines:

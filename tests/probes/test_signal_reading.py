@@ -215,3 +215,61 @@ def test_the_pure_python_path_is_said_once_in_the_notes(monkeypatch):
     )
     notes = engine.run(ev).notes
     assert len([n for n in notes if "pure-Python" in n]) == 1
+
+
+def test_a_message_row_wins_over_the_prefix_row_on_its_line():
+    from hangdx.probes import signals
+
+    cat = catalogue.load()
+    line = "[PG ID 0 PG GUID 0(default_pg) Rank 1] Starting to destroy process group, flushing operations."
+    found = cat.match_line(line)
+    assert {"torch_pgnccl_log_prefix_desc", "torch_nccl_destroy_flushing"} <= {r.id for r, _ in found}
+    assert signals._best(found)[0].id == "torch_nccl_destroy_flushing"
+
+
+@pytest.mark.parametrize("how", ENGINES)
+def test_a_message_told_over_lines_keeps_what_its_strongest_line_says(monkeypatch, how):
+    # c10d's C10D_NCCL_CHECK: the first line names no cause, getNcclErrorDetailStr's line points at the GPU.
+    text = (
+        "torch.distributed.DistBackendError: NCCL error in: /opt/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, "
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+        "ncclUnhandledCudaError: Call to CUDA function failed.\n"
+    )
+    assert _top(_read(text, monkeypatch, how)).category == "gpu_fault"
+
+
+@pytest.mark.parametrize("how", ENGINES)
+@pytest.mark.parametrize(
+    "line, category",
+    [
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 2 terminated with signal SIGKILL",
+            "rank_crashed",
+        ),
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGSEGV",
+            "rank_crashed",
+        ),
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGABRT",
+            "unknown",
+        ),
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGTERM",
+            "unknown",
+        ),
+    ],
+)
+def test_spawn_reads_how_the_first_process_ended_as_its_source_means_it(monkeypatch, how, line, category):
+    top = _top(_read(line + "\n", monkeypatch, how))
+    assert top.category == category
+    if category == "rank_crashed":
+        assert top.culprit.ranks == [int(line.split("process ")[1].split()[0])]
+
+
+@pytest.mark.parametrize("how", ENGINES)
+def test_torchrun_table_signal_line_sigkill_is_a_crash_sigabrt_settles_nothing(monkeypatch, how):
+    killed = "  traceback : Signal 9 (SIGKILL) received by PID 2117\n"
+    assert _top(_read(killed, monkeypatch, how)).category == "rank_crashed"
+    aborted = "  traceback : Signal 6 (SIGABRT) received by PID 4412\n"
+    assert _top(_read(aborted, monkeypatch, how)).category == "unknown"
