@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts, RankView, call_site, user_frame
+from hangdx.playbooks.signals import aborted, flushed, lost_peer, own_error
 from hangdx.playbooks.verdict import Culprit
 from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import LogEvent, Quote
@@ -131,7 +132,9 @@ def rank_gone(facts: Facts) -> Iterator[Match]:
 
 
 def _real_failures(facts: Facts) -> list[LogEvent]:
-    """torchrun failures, less the ranks torchrun itself stopped (SIGTERM) after another rank failed."""
+    """torchrun failures, less the ranks torchrun itself stopped (SIGTERM) after another rank failed, and less
+    the ranks that aborted (SIGABRT) with no error of their own: ProcessGroupNCCL's watchdog ends a rank that
+    timed out waiting that way, so the abort says the rank gave up, not why (playbooks/signals.py `aborted`)."""
     out = []
     for e in facts.ev.events_of("torchrun_failure"):
         if e.rank is None:
@@ -139,6 +142,8 @@ def _real_failures(facts: Facts) -> list[LogEvent]:
         if not e.fields.get("root_cause") and (
             e.fields.get("signal") == "SIGTERM" or e.fields.get("exitcode") == -15
         ):
+            continue
+        if aborted(e) and not own_error(facts, e.rank):
             continue
         out.append(e)
     return out
@@ -171,8 +176,10 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     """Did every rank get through rendezvous and communicator set-up?"""
     in_init = facts.ranks_where("init")
     init_logs = facts.ev.events_of("nccl_conn_refused", "store_timeout", "rendezvous_timeout")
-    # A failure NCCL placed in the data path (the proxy thread, after set-up) is nccl_socket_fault's.
-    init_logs = [e for e in init_logs if e.fields.get("stage") != "data"]
+    # A failure NCCL placed in the data path (the proxy thread, after set-up) is nccl_socket_fault's. A connection
+    # that was up and went away (broken pipe, reset or closed by the peer) is no set-up failure: its peer ended
+    # (the signal catalogue's reading, playbooks/signals.py); a refused or unanswered connect is one.
+    init_logs = [e for e in init_logs if e.fields.get("stage") != "data" and not lost_peer(e)]
     if not in_init and not init_logs:
         return
     if in_init and not _hung(facts):
@@ -940,7 +947,8 @@ _ERROR_COUNTERS = (
 def network_fault(facts: Facts) -> Iterator[Match]:
     """Is the fabric at fault: IB errors in NCCL, a port down, error counters rising, a link down?"""
     ev = facts.ev
-    nccl = ev.events_of("nccl_ib_completion_error", "nccl_port_error")
+    # A completion flushed (IB status 5) only echoes the queue pair's first failure, often a peer that went away.
+    nccl = [e for e in ev.events_of("nccl_ib_completion_error", "nccl_port_error") if not flushed(e)]
     links = ev.events_of("nic_link")
     links = [e for e in links if str(e.fields.get("state", "")).lower() in ("down", "unplugged")]
     down = [
