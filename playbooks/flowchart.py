@@ -1187,6 +1187,11 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
     if not idle or not _hung(facts):
         return
     busy = sum(1 for g in facts.ev.gpus if (g.util_pct or 0) >= 80)
+    # The busy GPUs' power says whether they compute or spin: at a fraction of their limit they spin in NCCL,
+    # which makes the idle one surely the rank the collective waits for (playbooks/partial.py).
+    from hangdx.playbooks.partial import spinning_gpus
+
+    spinning = len(spinning_gpus(facts))
     for g in idle:
         rank = _rank_of_gpu(facts, g)
         gpu_id = g.bus_id or f"GPU{g.index}"
@@ -1204,7 +1209,8 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
             category = _ELSEWHERE[loc.kind][0]
         yield Match(
             category,
-            0.8 if loc is not None and loc.kind not in WAITING else 0.62,
+            (0.8 if loc is not None and loc.kind not in WAITING else 0.62)
+            + (0.06 if spinning >= busy / 2 else 0.0),
             Culprit(ranks=ranks, hosts=[g.host] if g.host else [], gpus=[gpu_name]),
             evidence + _crowd_quotes(facts, 1),
             {
@@ -1214,6 +1220,7 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
                 "busy": busy,
                 "rank": rank,
                 "where": where,
+                "spinning": spinning,
             },
             status="hung",
             template="gpu_idle_outlier",
