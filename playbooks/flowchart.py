@@ -1093,6 +1093,18 @@ _ERROR_KINDS = (
 )
 
 
+def _waiting_unranked(facts: Facts) -> list[str]:
+    """Stacks that name no rank, every one waiting in a collective or point-to-point call: the waiting side."""
+    from hangdx.playbooks.partial import seen_processes
+
+    if facts.ranks:
+        return []
+    procs = [p for p in seen_processes(facts) if p.location is not None]
+    if not procs or any(p.location.kind not in ("collective", "p2p") for p in procs):
+        return []
+    return [f"{p.name()} is {p.location.describe()}" for p in procs[:4]]
+
+
 @playbook("what_next", order=100)
 def what_next(facts: Facts) -> Iterator[Match]:
     """When nothing fits: say what was seen and what to collect next."""
@@ -1115,6 +1127,15 @@ def what_next(facts: Facts) -> Iterator[Match]:
             "gaps": [f"{g.source}: {g.message}" for g in facts.ev.gaps][:5],
             "odd": {r: facts.ranks[r].location.describe() for r in facts.odd_ranks},
             "live": facts.ev.live,
+            "waiting_unranked": _waiting_unranked(facts),
+            # Only some ranks' stacks, all waiting with their peers: the side that waits, not the one it waits for.
+            "partial_wait": bool(
+                facts.have_stacks
+                and not facts.odd_ranks
+                and facts.crowd is not None
+                and facts.crowd.kind in ("collective", "p2p")
+                and (facts.world_size is None or len(facts.crowd_ranks) < facts.world_size)
+            ),
         },
         status=status,
     )
