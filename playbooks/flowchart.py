@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts, RankView, call_site, user_frame
-from hangdx.playbooks.signals import aborted, flushed, lost_peer, own_error
+from hangdx.playbooks.signals import aborted, after_a_crash, flushed, lost_peer, own_crashes, own_error
+from hangdx.playbooks.timeline import Clock
 from hangdx.playbooks.verdict import Culprit
 from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import LogEvent, Quote
@@ -949,6 +950,9 @@ def network_fault(facts: Facts) -> Iterator[Match]:
     ev = facts.ev
     # A completion flushed (IB status 5) only echoes the queue pair's first failure, often a peer that went away.
     nccl = [e for e in ev.events_of("nccl_ib_completion_error", "nccl_port_error") if not flushed(e)]
+    # A peer that stopped answering after a process crashed stopped because it crashed: rank_gone's, not the fabric's.
+    crashes, clock = own_crashes(facts), Clock(ev.events)
+    nccl = [e for e in nccl if not after_a_crash(e, crashes, clock)]
     links = ev.events_of("nic_link")
     links = [e for e in links if str(e.fields.get("state", "")).lower() in ("down", "unplugged")]
     down = [

@@ -149,6 +149,28 @@ def flushed(e: LogEvent) -> bool:
     return str(status) == str(IBV_WC_WR_FLUSH_ERR)
 
 
+def own_crashes(facts: Facts) -> list[LogEvent]:
+    """Lines of a process's own end: a decisive crash line (OOM killer, segfault, CUDA OOM), a CUDA error, an exit
+    by a signal other than the launcher's SIGTERM or the watchdog's SIGABRT."""
+    out = []
+    for e in facts.ev.events:
+        if (
+            e.fields.get("signal_category") == "rank_crashed"
+            and e.fields.get("signal_strength") == "decisive"
+        ):
+            out.append(e)
+        elif e.kind in _OWN_ERROR_KINDS:
+            out.append(e)
+    return out
+
+
+def after_a_crash(e: LogEvent, crashes: list[LogEvent], clock: Clock) -> bool:
+    """A line about a peer that stopped answering (an IB completion error, a lost connection) printed after a
+    process's own crash: the crash is why it stopped answering (ibverbs: a transport retry exceeded after the
+    first message means "the remote QP isn't available anymore")."""
+    return bool(e.fields.get("peer")) and any(clock.before(c, e) is True for c in crashes if c is not e)
+
+
 def lost_peer(e: LogEvent) -> bool:
     """A line saying an established connection to a peer went away (the survivor's side of a peer's end)."""
     text = " ".join(str(e.fields.get(k) or "") for k in ("error", "reason", "message"))
@@ -300,6 +322,9 @@ def _readings(facts: Facts) -> tuple[list[LogEvent], set[int]]:
         [e for e in facts.ev.events if e.kind in ("nccl_check_trace", "nccl_warn", "nccl_error", "signal")]
     )
     out = []
+    # NCCL's INFO lines about a closed connection are also what every normal end prints (ncclCommDestroy closes
+    # them all): they say a peer went away only beside a failure.
+    failing = any(e.fields.get("signal_category") or _waiting(e) for e in facts.ev.events)
     for e in facts.ev.events:
         names_peer = bool(e.fields.get("peer")) or e.fields.get("local_rank") is not None
         if not e.fields.get("signal_row") and not names_peer:
@@ -311,7 +336,12 @@ def _readings(facts: Facts) -> tuple[list[LogEvent], set[int]]:
             if category:
                 out.append(e)
             continue
-        if names_peer and lost_peer(e) and category in (None, "comm_init_failure"):
+        if (
+            names_peer
+            and lost_peer(e)
+            and category in (None, "comm_init_failure")
+            and (failing or " NCCL INFO " not in e.quote.text)
+        ):
             out.append(_as(e, "rank_crashed", "lost_peer"))
         elif (
             category == "comm_init_failure"
@@ -406,10 +436,17 @@ def signals(facts: Facts) -> Iterator[Match]:
     single = _one_host(facts)
     causes: list[LogEvent] = []
     casualties: list[tuple[LogEvent, str]] = []
+    crashes = own_crashes(facts)
     for e in marked:
         if _waiting(e):
             continue
         why = _casualty(e, waiting, clock, waiters, set(waits.unheard), single)
+        if (
+            why is None
+            and e.fields.get("signal_category") == "network_fault"
+            and after_a_crash(e, crashes, clock)
+        ):
+            why = "after_crash"
         if why is None and aborted(e) and e.fields.get("signal_category") == "rank_crashed":
             why = "abort"  # a SIGABRT exit says how the rank ended, not what made it end
         if why:
@@ -467,7 +504,10 @@ def signals(facts: Facts) -> Iterator[Match]:
                 "remote_error": NCCL_REMOTE_ERROR in results,
                 "came_first": category == first and len(chosen) > 1,
                 "rivals": rivals,
-                "teardown": len(casualties),
+                "teardown": len([c for c in casualties if c[1] != "after_crash"]),
+                "echoes": len([c for c in casualties if c[1] == "after_crash"])
+                if category == "rank_crashed"
+                else 0,
                 "agrees": agrees,
                 "lead": lead,
             },

@@ -198,3 +198,45 @@ def test_one_ranks_stack_in_a_collective_says_it_is_the_waiting_side(tmp_path):
     rc = _verdict(tmp_path, text).root_cause
     assert rc.category == "unknown" and "the side that waits" in rc.summary
     assert any("every other rank" in s for s in rc.next_steps)
+
+
+_IB_12 = (
+    "node1:1200:1333 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<47534> "
+    "with error 12, opcode 0, len 0, vendor err 129 (Send) localGid ::ffff:10.0.0.1 remoteGid ::ffff:10.0.0.2\n"
+)
+
+
+def test_a_peer_that_stopped_answering_after_a_crash_stopped_because_of_it(tmp_path):
+    text = (
+        "[ 5000.000000] python[4242]: segfault at 0 ip 00007f1234567890 sp 00007ffc12345678 error 4 in "
+        "libc.so.6[7f1234500000+195000]\n" + _IB_12
+    )
+    v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "rank_crashed" and "consequence" in v.root_cause.summary
+    assert all(f.category != "network_fault" for f in v.findings)
+
+
+def test_a_peer_that_stopped_answering_with_no_crash_is_the_fabric(tmp_path):
+    assert _verdict(tmp_path, _IB_12).root_cause.category == "network_fault"
+
+
+def test_a_flushed_completion_only_echoes_an_earlier_failure(tmp_path):
+    text = (
+        "[E ProcessGroupNCCL.cpp:852] [Rank 16] NCCL watchdog thread terminated with exception: NCCL error: remote "
+        "process exited or there was a network error, NCCL version 2.19.3\n"
+        "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n"
+        "Last error:\n"
+        "NET/IB : Got completion from peer 10.42.0.2<47534> with error 5, opcode 48, len 32764, vendor err 244\n"
+    )
+    v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "rank_crashed"
+    assert all(f.category != "network_fault" for f in v.findings)
+
+
+def test_connections_closed_at_a_normal_end_are_no_crash(tmp_path):
+    text = (
+        "node-1:185:1027 [7] NCCL INFO [Service thread] Connection closed by localRank 0\n"
+        "node-1:180:1028 [2] NCCL INFO [Service thread] Connection closed by localRank 0\n"
+    )
+    v = _verdict(tmp_path, text)
+    assert all(f.category != "rank_crashed" for f in v.findings)
