@@ -1232,6 +1232,16 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
         category = "conditional_collective"
         if loc is not None and loc.kind in _ELSEWHERE:
             category = _ELSEWHERE[loc.kind][0]
+        # nvidia-smi lists each GPU's processes: the idle GPU has none while the busy ones have theirs, yet its
+        # memory is still allocated: its process left (died, or is stuck exiting) and the others wait for it.
+        orphaned = (
+            loc is None
+            and not g.pids
+            and (g.mem_used_mib or 0) > 1024
+            and any(o.pids for o in facts.ev.gpus if o is not g and o.host == g.host)
+        )
+        if orphaned:
+            category = "rank_crashed"
         yield Match(
             category,
             (0.8 if loc is not None and loc.kind not in WAITING else 0.62)
@@ -1246,6 +1256,8 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
                 "rank": rank,
                 "where": where,
                 "spinning": spinning,
+                "orphaned": orphaned,
+                "mem_gib": round((g.mem_used_mib or 0) / 1024, 1),
             },
             status="hung",
             template="gpu_idle_outlier",

@@ -240,3 +240,33 @@ def test_connections_closed_at_a_normal_end_are_no_crash(tmp_path):
     )
     v = _verdict(tmp_path, text)
     assert all(f.category != "rank_crashed" for f in v.findings)
+
+
+def _smi_row(i: int, bus: str, power: int, mem: int, util: int) -> str:
+    return (
+        f"|   {i}  NVIDIA A100-SXM...  On   | 00000000:{bus}:00.0 Off |                    0 |\n"
+        f"| N/A   40C    P0   {power:3d}W / 400W |  {mem:5d}MiB / 40536MiB |    {util:3d}%      Default |\n"
+        "|                               |                      |             Disabled |\n"
+        "+-------------------------------+----------------------+----------------------+\n"
+    )
+
+
+def test_an_idle_gpu_whose_process_left_while_its_memory_is_held_is_a_crash(tmp_path):
+    rows = [
+        (0, "07", 90, 30000, 100),
+        (1, "0F", 88, 30010, 100),
+        (2, "47", 61, 29000, 0),
+        (3, "4E", 91, 30020, 100),
+    ]
+    text = "".join(_smi_row(*r) for r in rows) + (
+        "| Processes:                                                                  |\n"
+        "|  GPU   GI   CI        PID   Type   Process name                  GPU Memory |\n"
+        "|=============================================================================|\n"
+        "|    0   N/A  N/A     41001      C   python                          29990MiB |\n"
+        "|    1   N/A  N/A     41002      C   python                          30000MiB |\n"
+        "|    3   N/A  N/A     41004      C   python                          30010MiB |\n"
+        "+-----------------------------------------------------------------------------+\n"
+    )
+    rc = _verdict(tmp_path, text).root_cause
+    assert rc.category == "rank_crashed" and rc.culprit.gpus == ["0000:47:00.0"]
+    assert "no process is listed on it" in rc.summary and "fraction of their power limit" in rc.summary
