@@ -119,7 +119,13 @@ def run(ev: Evidence) -> Verdict:
     for pb in playbooks():
         for m in _matches(pb, facts, ev):
             ctx = {"facts": facts, "culprit": m.culprit, "have": have, **m.context}
-            summary, fix, steps = _words(m.template or pb.name, ctx)
+            try:
+                summary, fix, steps = _words(m.template or pb.name, ctx)
+            except jinja2.TemplateError as e:
+                # Words that could not be rendered (a template edited out of step with its playbook): a gap
+                # in this verdict, never the end of it.
+                ev.gap(f"playbook {pb.name}", f"its words failed: {type(e).__name__}: {str(e)[:200]}")
+                continue
             findings.append(
                 Finding(
                     pb.name, m.category, m.confidence, summary, m.culprit, _dedupe(m.evidence), fix, steps

@@ -518,8 +518,45 @@ def signals(facts: Facts) -> Iterator[Match]:
         yield _waiting_alone(facts, waiting, casualties)
     if not marked:
         context = [e for e in facts.ev.events if e.fields.get("signal_strength") == "context"]
-        if context:
+        remote = [e for e in context if NCCL_REMOTE_ERROR in nccl_results([e])]
+        if remote:
+            yield _remote_only(remote, context)
+        elif context:
             yield _context_only(context)
+
+
+REMOTE_ONLY = 0.4
+
+
+def _remote_only(remote: list[LogEvent], context: list[LogEvent]) -> Match:
+    """Only NCCL's trace of a failure, and its result code is 6 (ncclRemoteError: a remote process exited
+    prematurely, or the network failed): the peer's end is the likelier reading, said at low confidence."""
+    warned = [e for e in context if "NCCL WARN" in e.quote.text] or remote
+    culprit = Culprit(hosts=sorted({p for e in warned if (p := _peer(e))}))
+    return Match(
+        "rank_crashed",
+        REMOTE_ONLY,
+        culprit,
+        [e.quote for e in (warned[:3] + remote[:2])],
+        {
+            "category": "rank_crashed",
+            "strength": "suggestive",
+            "said": _said([_as(e, "rank_crashed", "remote_error") for e in warned]),
+            "victims": [],
+            "where": _where(culprit),
+            "alone": False,
+            "readings": ["remote_error"],
+            "remote_error": True,
+            "came_first": False,
+            "rivals": [],
+            "teardown": 0,
+            "echoes": 0,
+            "agrees": False,
+            "lead": "",
+        },
+        status="failed",
+        template=PLAYBOOK,
+    )
 
 
 def _lead(events: list[LogEvent], waiting: list[LogEvent], clock: Clock) -> str:

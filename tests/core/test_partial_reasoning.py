@@ -270,3 +270,14 @@ def test_an_idle_gpu_whose_process_left_while_its_memory_is_held_is_a_crash(tmp_
     rc = _verdict(tmp_path, text).root_cause
     assert rc.category == "rank_crashed" and rc.culprit.gpus == ["0000:47:00.0"]
     assert "no process is listed on it" in rc.summary and "fraction of their power limit" in rc.summary
+
+
+def test_only_nccls_trace_with_its_remote_error_points_at_the_peer_at_low_confidence(tmp_path):
+    text = (
+        "node1:1234:1290 [0] NCCL WARN Net : Connection closed by remote peer\n"
+        "node1:1234:1290 [0] NCCL INFO misc/socket.cc:750 -> 6\n"
+        "node1:1234:1290 [0] NCCL INFO transport/net_socket.cc:368 -> 6\n"
+    )
+    rc = _verdict(tmp_path, text).root_cause
+    assert rc.category == "rank_crashed" and rc.confidence <= 0.45 and not rc.culprit.hosts
+    assert "ncclRemoteError" in rc.summary and "the peer that went away" in rc.fix
