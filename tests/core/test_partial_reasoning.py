@@ -281,3 +281,23 @@ def test_only_nccls_trace_with_its_remote_error_points_at_the_peer_at_low_confid
     rc = _verdict(tmp_path, text).root_cause
     assert rc.category == "rank_crashed" and rc.confidence <= 0.45 and not rc.culprit.hosts
     assert "ncclRemoteError" in rc.summary and "the peer that went away" in rc.fix
+
+
+def test_two_causes_nearly_as_likely_are_each_less_sure_and_the_words_name_both():
+    from hangdx.playbooks.engine import _close_call
+    from hangdx.playbooks.verdict import Culprit, Finding
+
+    top = Finding(
+        "rank_exception", "rank_crashed", 0.7, "Rank 1 raised: ValueError.", Culprit(ranks=[1]), [], ""
+    )
+    second = Finding(
+        "network_fault", "network_fault", 0.68, "Network fault on node-7: 1 NCCL IB error.", Culprit(), [], ""
+    )
+    findings = [top, second]
+    _close_call(findings)
+    assert (top.confidence, second.confidence) == (0.65, 0.63)
+    assert "Nearly as likely" in top.summary and "network fault (Network fault on node-7" in top.summary
+    far = Finding("network_fault", "network_fault", 0.5, "Network fault.", Culprit(), [], "")
+    sure = Finding("rank_exception", "rank_crashed", 0.7, "Rank 1 raised.", Culprit(ranks=[1]), [], "")
+    _close_call([sure, far])
+    assert sure.confidence == 0.7 and "Nearly" not in sure.summary
