@@ -119,7 +119,13 @@ def run(ev: Evidence) -> Verdict:
     for pb in playbooks():
         for m in _matches(pb, facts, ev):
             ctx = {"facts": facts, "culprit": m.culprit, "have": have, **m.context}
-            summary, fix, steps = _words(m.template or pb.name, ctx)
+            try:
+                summary, fix, steps = _words(m.template or pb.name, ctx)
+            except jinja2.TemplateError as e:
+                # Words that could not be rendered (a template edited out of step with its playbook): a gap
+                # in this verdict, never the end of it.
+                ev.gap(f"playbook {pb.name}", f"its words failed: {type(e).__name__}: {str(e)[:200]}")
+                continue
             findings.append(
                 Finding(
                     pb.name, m.category, m.confidence, summary, m.culprit, _dedupe(m.evidence), fix, steps
@@ -133,6 +139,7 @@ def run(ev: Evidence) -> Verdict:
     _hardware_explains_crash(findings)
     findings.sort(key=lambda f: -f.confidence)
     findings = _distinct(findings)
+    _close_call(findings)
     status = _status(facts, findings, statuses)
     return Verdict(
         job_id=ev.job_id,
@@ -228,6 +235,28 @@ def _distinct(findings: list[Finding]) -> list[Finding]:
             setattr(first.culprit, attr, merged)
         first.evidence = _dedupe(first.evidence + f.evidence)
     return list(kept.values())
+
+
+CLOSE = 0.05  # two causes this close are a close call: neither is as sure as it would be alone
+
+
+def _close_call(findings: list[Finding]) -> None:
+    """Two different causes nearly as likely as each other: the evidence conflicts, so each is less sure than
+    it would be alone, and the most likely one's words name the other."""
+    named = [f for f in findings if f.category != "unknown"]
+    if len(named) < 2 or findings[0] is not named[0]:
+        return
+    top, second = named[0], named[1]
+    if top.category == second.category or top.confidence - second.confidence > CLOSE:
+        return
+    if top.playbook == second.playbook == FLOOR:
+        return  # the catalogue's floor weighed its own competing lines already (playbooks/signals.py)
+    top.confidence = round(top.confidence - CLOSE, 2)
+    second.confidence = round(second.confidence - CLOSE, 2)
+    other = second.summary.split(": ", 1)[0] if ": " in second.summary[:120] else second.summary[:120]
+    top.summary += (
+        f" Nearly as likely, from other lines: {second.category.replace('_', ' ')} ({other.rstrip('.')})."
+    )
 
 
 def _status(facts: Facts, findings: list[Finding], statuses: list[str]) -> str:

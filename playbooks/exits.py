@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts
 from hangdx.playbooks.flowchart import _timed_out_ranks
+from hangdx.playbooks.signals import ABORTED_ALONE, own_error
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent
 
@@ -117,12 +118,43 @@ def local_rank_killed(facts: Facts) -> Iterator[Match]:
         return
     stopped = [e for e in exits if e.fields.get("action") == "closing_signal"]
     signals = sorted({_EXIT_SIGNALS[e.fields["exitcode"]] for e in failed})
+    # SIGABRT alone is how ProcessGroupNCCL's watchdog ends a rank that timed out waiting (the exception it throws
+    # on its own thread reaches std::terminate): with no error of the worker's own, it is more likely a victim's
+    # end than a crash (the signal catalogue's reading says so, and names the cause unknown).
+    abort_only = signals == ["SIGABRT"] and not own_error(facts)
     # Global rank = group_rank * local_world_size + local_rank: on one node the local rank is the rank.
     single = _one_node(facts)
     ranks = sorted({int(e.fields["local_rank"]) for e in failed if e.fields.get("local_rank") is not None})
+    if abort_only:
+        # The reading comes first: an abort with nothing of its own says the rank gave up, not why.
+        yield Match(
+            "unknown",
+            ABORTED_ALONE,
+            Culprit(),
+            [e.quote for e in failed[:3]] + [e.quote for e in stopped[:2]],
+            {
+                "workers": [
+                    {
+                        "local_rank": e.fields.get("local_rank"),
+                        "pid": e.pid,
+                        "exitcode": -6,
+                        "signal": "SIGABRT",
+                    }
+                    for e in failed
+                ],
+                "stopped": [e.pid for e in stopped if e.pid is not None],
+                "signals": signals,
+                "causes": ["abort"],
+                "hosts": _hosts(failed),
+                "single_node": single,
+                "abort_only": True,
+                "reading": True,
+            },
+            status="failed",
+        )
     yield Match(
         "rank_crashed",
-        0.8,
+        ABORTED_ALONE - 0.02 if abort_only else 0.8,
         Culprit(ranks=ranks if single else [], hosts=_hosts(failed)),
         [e.quote for e in failed[:3]] + [e.quote for e in stopped[:2]],
         {
@@ -140,6 +172,8 @@ def local_rank_killed(facts: Facts) -> Iterator[Match]:
             "causes": sorted({_CAUSE[s] for s in signals if s in _CAUSE}),
             "hosts": _hosts(failed),
             "single_node": single,
+            "abort_only": abort_only,
+            "reading": False,
         },
         status="failed",
     )

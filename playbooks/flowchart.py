@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts, RankView, call_site, user_frame
+from hangdx.playbooks.signals import aborted, after_a_crash, flushed, lost_peer, own_crashes, own_error
+from hangdx.playbooks.timeline import Clock
 from hangdx.playbooks.verdict import Culprit
 from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import LogEvent, Quote
@@ -131,7 +133,9 @@ def rank_gone(facts: Facts) -> Iterator[Match]:
 
 
 def _real_failures(facts: Facts) -> list[LogEvent]:
-    """torchrun failures, less the ranks torchrun itself stopped (SIGTERM) after another rank failed."""
+    """torchrun failures, less the ranks torchrun itself stopped (SIGTERM) after another rank failed, and less
+    the ranks that aborted (SIGABRT) with no error of their own: ProcessGroupNCCL's watchdog ends a rank that
+    timed out waiting that way, so the abort says the rank gave up, not why (playbooks/signals.py `aborted`)."""
     out = []
     for e in facts.ev.events_of("torchrun_failure"):
         if e.rank is None:
@@ -139,6 +143,8 @@ def _real_failures(facts: Facts) -> list[LogEvent]:
         if not e.fields.get("root_cause") and (
             e.fields.get("signal") == "SIGTERM" or e.fields.get("exitcode") == -15
         ):
+            continue
+        if aborted(e) and not own_error(facts, e.rank):
             continue
         out.append(e)
     return out
@@ -171,8 +177,10 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     """Did every rank get through rendezvous and communicator set-up?"""
     in_init = facts.ranks_where("init")
     init_logs = facts.ev.events_of("nccl_conn_refused", "store_timeout", "rendezvous_timeout")
-    # A failure NCCL placed in the data path (the proxy thread, after set-up) is nccl_socket_fault's.
-    init_logs = [e for e in init_logs if e.fields.get("stage") != "data"]
+    # A failure NCCL placed in the data path (the proxy thread, after set-up) is nccl_socket_fault's. A connection
+    # that was up and went away (broken pipe, reset or closed by the peer) is no set-up failure: its peer ended
+    # (the signal catalogue's reading, playbooks/signals.py); a refused or unanswered connect is one.
+    init_logs = [e for e in init_logs if e.fields.get("stage") != "data" and not lost_peer(e)]
     if not in_init and not init_logs:
         return
     if in_init and not _hung(facts):
@@ -940,7 +948,11 @@ _ERROR_COUNTERS = (
 def network_fault(facts: Facts) -> Iterator[Match]:
     """Is the fabric at fault: IB errors in NCCL, a port down, error counters rising, a link down?"""
     ev = facts.ev
-    nccl = ev.events_of("nccl_ib_completion_error", "nccl_port_error")
+    # A completion flushed (IB status 5) only echoes the queue pair's first failure, often a peer that went away.
+    nccl = [e for e in ev.events_of("nccl_ib_completion_error", "nccl_port_error") if not flushed(e)]
+    # A peer that stopped answering after a process crashed stopped because it crashed: rank_gone's, not the fabric's.
+    crashes, clock = own_crashes(facts), Clock(ev.events)
+    nccl = [e for e in nccl if not after_a_crash(e, crashes, clock)]
     links = ev.events_of("nic_link")
     links = [e for e in links if str(e.fields.get("state", "")).lower() in ("down", "unplugged")]
     down = [
@@ -1085,6 +1097,18 @@ _ERROR_KINDS = (
 )
 
 
+def _waiting_unranked(facts: Facts) -> list[str]:
+    """Stacks that name no rank, every one waiting in a collective or point-to-point call: the waiting side."""
+    from hangdx.playbooks.partial import seen_processes
+
+    if facts.ranks:
+        return []
+    procs = [p for p in seen_processes(facts) if p.location is not None]
+    if not procs or any(p.location.kind not in ("collective", "p2p") for p in procs):
+        return []
+    return [f"{p.name()} is {p.location.describe()}" for p in procs[:4]]
+
+
 @playbook("what_next", order=100)
 def what_next(facts: Facts) -> Iterator[Match]:
     """When nothing fits: say what was seen and what to collect next."""
@@ -1107,6 +1131,15 @@ def what_next(facts: Facts) -> Iterator[Match]:
             "gaps": [f"{g.source}: {g.message}" for g in facts.ev.gaps][:5],
             "odd": {r: facts.ranks[r].location.describe() for r in facts.odd_ranks},
             "live": facts.ev.live,
+            "waiting_unranked": _waiting_unranked(facts),
+            # Only some ranks' stacks, all waiting with their peers: the side that waits, not the one it waits for.
+            "partial_wait": bool(
+                facts.have_stacks
+                and not facts.odd_ranks
+                and facts.crowd is not None
+                and facts.crowd.kind in ("collective", "p2p")
+                and (facts.world_size is None or len(facts.crowd_ranks) < facts.world_size)
+            ),
         },
         status=status,
     )
@@ -1179,6 +1212,11 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
     if not idle or not _hung(facts):
         return
     busy = sum(1 for g in facts.ev.gpus if (g.util_pct or 0) >= 80)
+    # The busy GPUs' power says whether they compute or spin: at a fraction of their limit they spin in NCCL,
+    # which makes the idle one surely the rank the collective waits for (playbooks/partial.py).
+    from hangdx.playbooks.partial import spinning_gpus
+
+    spinning = len(spinning_gpus(facts))
     for g in idle:
         rank = _rank_of_gpu(facts, g)
         gpu_id = g.bus_id or f"GPU{g.index}"
@@ -1194,9 +1232,20 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
         category = "conditional_collective"
         if loc is not None and loc.kind in _ELSEWHERE:
             category = _ELSEWHERE[loc.kind][0]
+        # nvidia-smi lists each GPU's processes: the idle GPU has none while the busy ones have theirs, yet its
+        # memory is still allocated: its process left (died, or is stuck exiting) and the others wait for it.
+        orphaned = (
+            loc is None
+            and not g.pids
+            and (g.mem_used_mib or 0) > 1024
+            and any(o.pids for o in facts.ev.gpus if o is not g and o.host == g.host)
+        )
+        if orphaned:
+            category = "rank_crashed"
         yield Match(
             category,
-            0.8 if loc is not None and loc.kind not in WAITING else 0.62,
+            (0.8 if loc is not None and loc.kind not in WAITING else 0.62)
+            + (0.06 if spinning >= busy / 2 else 0.0),
             Culprit(ranks=ranks, hosts=[g.host] if g.host else [], gpus=[gpu_name]),
             evidence + _crowd_quotes(facts, 1),
             {
@@ -1206,6 +1255,9 @@ def gpu_idle_outlier(facts: Facts) -> Iterator[Match]:
                 "busy": busy,
                 "rank": rank,
                 "where": where,
+                "spinning": spinning,
+                "orphaned": orphaned,
+                "mem_gib": round((g.mem_used_mib or 0) / 1024, 1),
             },
             status="hung",
             template="gpu_idle_outlier",

@@ -290,3 +290,64 @@ def _progress(fields: dict) -> str:
     if isinstance(n, int) and isinstance(fields.get("first"), int):
         n = max(n, fields["first"])  # a bar that went back to 0 is another process's: show the furthest
     return f"{n}/{fields['total']}" if fields.get("total") else str(n)
+
+
+# -- GPUs that spin in a collective ---------------------------------------------------------------------------
+
+# NCCL's kernels poll memory for their peers' data: while a rank waits in a collective its GPU reads 100%
+# utilisation (a kernel is resident the whole sample, which is all `utilization.gpu` measures) yet draws little
+# more than idle power, since no arithmetic runs. A GPU that computes at 100% draws most of its power limit.
+SPIN_UTIL = 90.0
+SPIN_POWER = 0.4  # of the board's power limit
+SPINNING = 0.25  # what the picture alone is worth: it says the ranks wait, not for whom
+
+
+def spinning_gpus(facts: Facts) -> list:
+    """The GPUs at full utilisation on little power: their ranks wait in a collective."""
+    return [
+        g
+        for g in facts.ev.gpus
+        if g.util_pct is not None
+        and g.util_pct >= SPIN_UTIL
+        and g.power_w is not None
+        and g.power_limit_w
+        and g.power_w <= SPIN_POWER * g.power_limit_w
+    ]
+
+
+@playbook("gpus_spinning", order=53)
+def gpus_spinning(facts: Facts) -> Iterator[Match]:
+    """nvidia-smi only: do the GPUs spin at 100% on little power (NCCL kernels waiting for a peer that never came)?"""
+    from hangdx.playbooks.flowchart import _idle_gpus
+
+    if facts.have_stacks or _idle_gpus(facts):
+        return  # stacks say where each rank waits; a GPU at 0% among them is gpu_idle_outlier's
+    spin = spinning_gpus(facts)
+    if not spin:
+        return
+    gpus = [g for g in facts.ev.gpus if g.util_pct is not None]
+    computing = [g for g in gpus if g not in spin and (g.util_pct or 0) >= SPIN_UTIL]
+    yield Match(
+        "unknown",
+        SPINNING,
+        Culprit(),
+        [g.quote for g in spin[:6] if g.quote],
+        {
+            "spin": [
+                {
+                    "gpu": f"{g.host + ':' if g.host else ''}GPU {g.index}"
+                    + (f" ({g.bus_id})" if g.bus_id else ""),
+                    "util": round(g.util_pct or 0),
+                    "power": round(g.power_w or 0),
+                    "limit": round(g.power_limit_w or 0),
+                    "mem_gib": round((g.mem_used_mib or 0) / 1024, 1),
+                }
+                for g in spin
+            ],
+            "seen": len(gpus),
+            "computing": len(computing),
+            "holding": all((g.mem_used_mib or 0) > 1024 for g in spin),
+        },
+        status="hung",
+        template="gpus_spinning",
+    )

@@ -5,9 +5,19 @@ and strength. Here they become findings, for whatever kind of event they are (ki
 later are handled the same way, through their category and strength):
 
 - a `decisive` row settles its category for the rank, host or GPU it names (high confidence);
-- a `suggestive` row points at its category with lower confidence, higher when several rows or ranks agree;
+- a `suggestive` row points at its category with lower confidence, higher when several rows or ranks agree,
+  lower when lines of another category compete with it (the words then say both);
 - timeouts are victims: a rank that waited names no culprit. With nothing else, the usual cause is a rank
-  that never reached (or never finished) the collective, said with low confidence and how to confirm it;
+  that never reached (or never finished) the collective, said with low confidence and how to confirm it; the
+  timeout's own fields (its value, the op and its size, the sequence number, the work enqueued) say more;
+- what the waiting side prints when it gives up is not a cause either: a worker that died of SIGABRT (how
+  ProcessGroupNCCL's watchdog takes a rank down), and the lines about peers that a survivor prints after the
+  timeouts (its peers tear their communicators down too). The order of events decides: a crash or lost peer
+  before the first timeout is the cause, the same line after it is the teardown;
+- a lost connection names the other side: `Broken pipe`, `Connection reset by peer`, `closed by remote peer`
+  (EPIPE, ECONNRESET, a recv of 0 bytes) mean the peer had been connected and went away, not that it never
+  came; NCCL's result 6 (ncclRemoteError, nccl.h: "a remote process exiting prematurely" or a network error)
+  says the same of the call that failed;
 - `context` rows settle nothing.
 
 The engine drops a finding of this playbook that a more specific playbook already made (same category, or
@@ -16,12 +26,14 @@ the same lines as evidence): the catalogue is the floor under the flowchart, not
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from typing import Any
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.timeline import Clock
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent
 
@@ -41,11 +53,33 @@ DECISIVE_DEFAULT = 0.75
 SUGGESTIVE = 0.5
 AGREE_BONUS = 0.05  # per other row or rank saying the same, up to AGREE_MAX
 AGREE_MAX = 0.1
+FIRST_BONUS = 0.05  # the category whose lines came first, when suggestive lines of several categories compete
+CONFLICT = 0.05  # taken off each suggestive category that another one competes with
 TIMEOUT_ALONE = 0.3
+ABORTED_ALONE = 0.3
 # Kinds of waiting: the line is said by a victim of the hang, not by its cause.
 _WAITING = re.compile(r"watchdog|collective_timeout|gloo_timeout|nccl_timeout|monitored_barrier|desync")
 _ABSENTEES = re.compile(r"monitored_barrier")  # these name the ranks that did not arrive
 _SAFE_NAME = re.compile(r"[A-Za-z0-9…][\w.\-…]{0,62}")
+# A connection that had been up and went away (errno EPIPE / ECONNRESET, a recv that returned 0, gloo's and
+# NCCL's words for them): the peer's process ended, or the link between them dropped. Not a set-up failure.
+LOST_PEER = re.compile(
+    r"broken pipe|connection reset by peer|closed by (?:remote )?peer|unexpectedly closed|end of file"
+    r"|remote process exited|could not receive type from localrank|connection closed by localrank",
+    re.I,
+)
+# NCCL's result codes (nccl.h ncclResult_t), as NCCL's own lines print them: `retcode 6`, `res=6`, `-> 6`.
+_NCCL_RESULT = re.compile(r"\b(?:retcode|res)\s?[=:]?\s?(\d{1,2})\b|\.(?:cc|h|cu):\d{1,6} -> (\d{1,2})\b")
+NCCL_REMOTE_ERROR = 6
+# Kinds the hardware and the kernel report: they are no teardown's doing, whatever their order.
+_HARDWARE = re.compile(
+    r"xid|nic_|ib_port|pcie|mce|gpu_|nvlink|nvswitch|kernel|hung_task|soft_lockup|oom|segfault|ecc|dcgm"
+)
+# The categories of the lines a survivor prints about its peers, or a launcher about its workers' ends.
+_TEARDOWN_CATEGORIES = ("rank_crashed", "network_fault", "comm_init_failure")
+# How a process that called abort() ends: torch elastic's exitcode -6, a shell's or srun's 134, signal 6.
+_ABORT_CODES = (-6, 134)
+_ABORT_NAMES = ("SIGABRT", "Aborted", "6")
 
 
 def _kind(e: LogEvent) -> str:
@@ -56,6 +90,111 @@ def _kind(e: LogEvent) -> str:
 
 def _waiting(e: LogEvent) -> bool:
     return bool(_WAITING.search(_kind(e)))
+
+
+def aborted(e: LogEvent) -> bool:
+    """A process that ended by abort() (SIGABRT): ProcessGroupNCCL's watchdog ends a rank so after a collective
+    timeout or an NCCL error ("To avoid data inconsistency, we are taking the entire process down"; the exception
+    it throws on its thread reaches std::terminate), so the exit says the rank gave up waiting, not why."""
+    code = e.fields.get("exitcode", e.fields.get("exit_code"))
+    if isinstance(code, int) and code in _ABORT_CODES:
+        return True
+    for key in ("signal", "signal_name"):
+        if str(e.fields.get(key) or "") in _ABORT_NAMES:
+            return True
+    return False
+
+
+# A worker's own failure, printed before it aborted: a CUDA error, a native crash, the OOM killer.
+_OWN_ERROR_KINDS = ("cuda_error", "cuda_oom", "segfault", "oom_kill", "kernel_oops")
+# Words of the errors the waiting side raises (timeouts, lost peers, NCCL and gloo errors): no error of its own.
+_COMM_WORDS = ("timed out", "timeout", "connection", "watchdog", "nccl", "gloo", "peer")
+
+
+def own_error(facts: Facts, rank: int | None = None) -> bool:
+    """Does the text show an error of a process's own (of `rank`, when given): an exception that is not the
+    waiting side's, a CUDA error, a crash, a decisive line? Then an abort that follows it is that error's."""
+
+    def mine(e: LogEvent) -> bool:
+        return rank is None or e.rank is None or e.rank == rank
+
+    if any(mine(e) for e in facts.ev.events_of(*_OWN_ERROR_KINDS)):
+        return True
+    for e in facts.ev.events_of("exception"):
+        if mine(e) and not any(w in e.quote.text.lower() for w in _COMM_WORDS):
+            return True
+    return any(
+        mine(e)
+        and e.fields.get("signal_strength") == "decisive"
+        and e.fields.get("signal_category") not in (None, "comm_init_failure")
+        for e in facts.ev.events
+    )
+
+
+# ibverbs' ibv_wc_status 5, IBV_WC_WR_FLUSH_ERR: "a Work Request was in process or outstanding when the QP
+# transitioned into the Error State". Every request queued after a QP's first error completes with it: the
+# echo of an earlier failure (its first error, or a peer that went away), never the first failure itself.
+IBV_WC_WR_FLUSH_ERR = 5
+_IB_STATUS = re.compile(r"with (?:error|status) (\d{1,3})\b")
+
+
+def flushed(e: LogEvent) -> bool:
+    """An InfiniBand completion that only says the queue pair had already failed (status 5, flushed)."""
+    if "completion" not in _kind(e) and "completion" not in e.quote.text[:300].lower():
+        return False
+    status = e.fields.get("errno", e.fields.get("status"))
+    if not str(status).isdigit():
+        m = _IB_STATUS.search(e.quote.text[:600])
+        status = m.group(1) if m else None
+    return str(status) == str(IBV_WC_WR_FLUSH_ERR)
+
+
+def own_crashes(facts: Facts) -> list[LogEvent]:
+    """Lines of a process's own end: a decisive crash line (OOM killer, segfault, CUDA OOM), a CUDA error, an exit
+    by a signal other than the launcher's SIGTERM or the watchdog's SIGABRT."""
+    out = []
+    for e in facts.ev.events:
+        if (
+            e.fields.get("signal_category") == "rank_crashed"
+            and e.fields.get("signal_strength") == "decisive"
+        ):
+            out.append(e)
+        elif e.kind in _OWN_ERROR_KINDS:
+            out.append(e)
+    return out
+
+
+def after_a_crash(e: LogEvent, crashes: list[LogEvent], clock: Clock) -> bool:
+    """A line about a peer that stopped answering (an IB completion error, a lost connection) printed after a
+    process's own crash: the crash is why it stopped answering (ibverbs: a transport retry exceeded after the
+    first message means "the remote QP isn't available anymore")."""
+    return bool(e.fields.get("peer")) and any(clock.before(c, e) is True for c in crashes if c is not e)
+
+
+def lost_peer(e: LogEvent) -> bool:
+    """A line saying an established connection to a peer went away (the survivor's side of a peer's end)."""
+    text = " ".join(str(e.fields.get(k) or "") for k in ("error", "reason", "message"))
+    return bool(LOST_PEER.search(text) or LOST_PEER.search(e.quote.text[:600]))
+
+
+def _survivor(e: LogEvent) -> bool:
+    """Printed by the side that is still there, about the side that went away."""
+    return lost_peer(e) or e.fields.get("signal_reading") == "remote_error"
+
+
+def nccl_results(events: list[LogEvent]) -> set[int]:
+    """The ncclResult_t codes NCCL's own lines report for the failure (its `retcode`, `res=`, `file:line -> N`)."""
+    out: set[int] = set()
+    for e in events:
+        for key in ("retcode", "result"):
+            v = e.fields.get(key)
+            if str(v).isdigit():
+                out.add(int(str(v)))
+        if "NCCL" in e.quote.text or e.fields.get("signal_row", "").startswith("nccl"):
+            for m in _NCCL_RESULT.finditer(e.quote.text[:600]):
+                out.add(int(m.group(1) or m.group(2)))
+    out.discard(0)
+    return out
 
 
 def _gpu(e: LogEvent) -> str | None:
@@ -72,19 +211,33 @@ _PORT = re.compile(r"<\d{1,5}>$|:\d{1,5}$")
 def _peer(e: LogEvent) -> str | None:
     """The peer a line blames (`closed by remote peer node2<55555>`, `[10.0.0.7]:35411`), without its port."""
     value = e.fields.get("peer")
-    if not value:
-        return None
+    if not value or str(value).isdigit():
+        return None  # a bare number is a rank (or a local rank), not a host
     return _PORT.sub("", str(value).strip("[]")).strip("[]") or None
 
 
 def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
-    # A line that says its peer went away is printed by the survivor: for a crash, the peer is the culprit.
-    blamed = [e for e in events if category == "rank_crashed" and _peer(e)]
-    if blamed:
-        others = [e for e in events if e not in blamed]
-        c = _culprit(others) if others else Culprit()
-        c.hosts = sorted(set(c.hosts) | {p for e in blamed if (p := _peer(e))})
-        return c
+    """Who the lines name. For a crash, a line that says its peer went away is printed by the survivor: the peer
+    it names is the culprit (a host, or a local rank on the printer's own host); a survivor that names no peer
+    names nobody."""
+    if category == "rank_crashed":
+        blamed = [e for e in events if _peer(e)]
+        local = [
+            e for e in events if e not in blamed and lost_peer(e) and e.fields.get("local_rank") is not None
+        ]
+        own = [e for e in events if e not in blamed and e not in local and not _survivor(e)]
+        if blamed or local or len(own) < len(events):
+            c = _culprit(own) if own else Culprit()
+            c.hosts = sorted(
+                set(c.hosts) | {p for e in blamed if (p := _peer(e))} | {e.host for e in local if e.host}
+            )
+            c.processes = list(
+                dict.fromkeys(
+                    c.processes
+                    + [f"{e.host + ' ' if e.host else ''}local rank {e.fields['local_rank']}" for e in local]
+                )
+            )[:8]
+            return c
     ranks = sorted({e.rank for e in events if e.rank is not None})
     hosts = sorted({e.host for e in events if e.host})
     gpus = list(dict.fromkeys(g for e in events if (g := _gpu(e))))
@@ -118,13 +271,14 @@ def _said(events: list[LogEvent]) -> list[dict[str, Any]]:
         rows = {}
     out: dict[str, dict[str, Any]] = {}
     for e in events:
-        rid = str(e.fields.get("signal_row"))
+        rid = str(e.fields.get("signal_row") or e.kind)
         if rid not in out:
             row = rows.get(rid)
             out[rid] = {
                 "id": rid,
                 "emitter": row.emitter if row else "",
-                "meaning": row.meaning if row else "",
+                # A line read for what it says of its peer: the reading is its meaning, not the row's generic one.
+                "meaning": row.meaning if row and not e.fields.get("signal_reading") else "",
                 "line": " ".join(e.quote.text.split())[:200],
                 "count": 0,
             }
@@ -145,40 +299,196 @@ def _confidence(base: float, events: list[LogEvent]) -> float:
     return round(base + min(AGREE_MAX, AGREE_BONUS * agree), 2)
 
 
+def _as(e: LogEvent, category: str, reading: str) -> LogEvent:
+    """The event read as another category than its row's (a copy: other playbooks keep the original)."""
+    fields = {
+        **e.fields,
+        "signal_category": category,
+        "signal_strength": "suggestive",
+        "signal_row": e.fields.get("signal_row") or e.kind,
+        "signal_reading": reading,
+    }
+    return dataclasses.replace(e, fields=fields)
+
+
+def _readings(facts: Facts) -> tuple[list[LogEvent], set[int]]:
+    """The marked events, each with the category an engineer reads in it.
+
+    - A lost connection a region parser read (a socket error naming its peer) is the survivor's side of the
+      peer's end, whatever row marked it, and so is a set-up line that failed with NCCL's remote error (6):
+      a remote process exited (or the network dropped), which NCCL's own result code says.
+    """
+    results = nccl_results(
+        [e for e in facts.ev.events if e.kind in ("nccl_check_trace", "nccl_warn", "nccl_error", "signal")]
+    )
+    out = []
+    # NCCL's INFO lines about a closed connection are also what every normal end prints (ncclCommDestroy closes
+    # them all): they say a peer went away only beside a failure.
+    failing = any(e.fields.get("signal_category") or _waiting(e) for e in facts.ev.events)
+    for e in facts.ev.events:
+        names_peer = bool(e.fields.get("peer")) or e.fields.get("local_rank") is not None
+        if not e.fields.get("signal_row") and not names_peer:
+            continue
+        category = e.fields.get("signal_category")
+        if category == "network_fault" and flushed(e):
+            continue  # the echo of the queue pair's first failure: the lines around it say which
+        if _waiting(e):
+            if category:
+                out.append(e)
+            continue
+        if (
+            names_peer
+            and lost_peer(e)
+            and category in (None, "comm_init_failure")
+            and (failing or " NCCL INFO " not in e.quote.text)
+        ):
+            out.append(_as(e, "rank_crashed", "lost_peer"))
+        elif (
+            category == "comm_init_failure"
+            and e.fields.get("signal_strength") != "decisive"
+            and (NCCL_REMOTE_ERROR in nccl_results([e]))
+        ):
+            out.append(_as(e, "rank_crashed", "remote_error"))
+        elif category and e.fields.get("signal_row"):
+            out.append(e)
+    return out, results
+
+
+def _casualty(
+    e: LogEvent, waiting: list[LogEvent], clock: Clock, waiters: set[int], absent: set[int], single: bool
+) -> str | None:
+    """Why a line beside collective timeouts is their consequence, not their cause (None: it may be the cause).
+
+    An engineer orders the events: the first failure is the cause, what follows the timeouts is the teardown
+    (the waiting ranks abort, their peers see closed sockets and remote errors, launchers stop the rest). A
+    decisive line (the OOM killer, a segfault, an Xid) is a part's own failure whatever its place.
+    """
+    if not waiting or e.fields.get("signal_strength") == "decisive":
+        return None
+    if aborted(e):
+        return "abort"
+    category = str(e.fields.get("signal_category"))
+    if category not in _TEARDOWN_CATEGORIES or _HARDWARE.search(_kind(e)):
+        return None
+    order = [o for w in waiting if (o := clock.before(e, w)) is not None]
+    if order and all(order):
+        return None  # before every timeout it can be placed against: the first failure
+    if order:
+        return "after"  # printed once the timeouts had fired (or while they did)
+    if category != "rank_crashed":
+        return None
+    rank = _rank_named(e, single)
+    if rank is not None and waiters and rank not in waiters and (rank in absent or not absent):
+        return None  # the rank that did not wait is the one that died
+    return "unordered"  # a crash line nothing places before the timeouts: read as what every rank's end looks like
+
+
+def _rank_named(e: LogEvent, single: bool) -> int | None:
+    """The rank a line is of: its own, or the local rank a launcher names when the job is on one node."""
+    if e.rank is not None:
+        return e.rank
+    local = e.fields.get("local_rank")
+    if single and str(local).isdigit() and not lost_peer(e):
+        return int(str(local))
+    return None
+
+
+def _one_host(facts: Facts) -> bool:
+    """Nothing read names a second host (a paste of one node's output, or of a job on one node)."""
+    return len({e.host for e in facts.ev.events if e.host} | set(facts.ev.hosts)) <= 1
+
+
+@dataclasses.dataclass
+class _Waits:
+    """Who waited, in a group of how many, and who of the group said nothing."""
+
+    reporters: list[int]
+    group: int | None
+    exact: bool  # the group's size is known (WORLD_SIZE, an all-gather's sizes), not only a lower bound
+    unheard: list[int]
+
+
+def _waits(facts: Facts, waiting: list[LogEvent]) -> _Waits:
+    reporters = sorted({e.rank for e in waiting if e.rank is not None})
+    group = _group_size(facts, waiting)
+    exact = group is not None
+    unheard = sorted(set(range(group)) - set(reporters)) if group and reporters else []
+    if group is None and reporters:
+        # Ranks count from 0: the highest rank named is a lower bound of the group, and a rank below it that
+        # nothing at all was read from is unheard (a rank that printed something else is not).
+        named = {e.rank for e in facts.ev.events if e.rank is not None} | {
+            c.rank for c in facts.ev.collectives if c.rank is not None
+        }
+        group = max(named) + 1
+        unheard = sorted(set(range(group)) - named)
+    return _Waits(reporters, group, exact, unheard)
+
+
 @playbook(PLAYBOOK, order=97)
 def signals(facts: Facts) -> Iterator[Match]:
     """What the lines of the signal catalogue say, when no more specific playbook said it."""
-    marked = [e for e in facts.ev.events if e.fields.get("signal_row") and e.fields.get("signal_category")]
+    marked, results = _readings(facts)
+    marked = [e for e in marked if e.fields.get("signal_category")]
+    clock = Clock(facts.ev.events)
     waiting = [e for e in marked if _waiting(e)]
-    # An exit, a closed connection, a peer gone: what every rank's end looks like after a timeout too. Beside
-    # timeouts, only a decisive line (the OOM killer, a segfault, CUDA out of memory) says a crash came first.
-    causes = [
-        e
-        for e in marked
-        if not _waiting(e)
-        and not (
-            waiting
-            and e.fields["signal_category"] == "rank_crashed"
-            and e.fields.get("signal_strength") != "decisive"
-        )
-    ]
+    waiters = {e.rank for e in waiting if e.rank is not None}
+    waits = _waits(facts, waiting)
+    single = _one_host(facts)
+    causes: list[LogEvent] = []
+    casualties: list[tuple[LogEvent, str]] = []
+    crashes = own_crashes(facts)
+    for e in marked:
+        if _waiting(e):
+            continue
+        why = _casualty(e, waiting, clock, waiters, set(waits.unheard), single)
+        if (
+            why is None
+            and e.fields.get("signal_category") == "network_fault"
+            and after_a_crash(e, crashes, clock)
+        ):
+            why = "after_crash"
+        if why is None and aborted(e) and e.fields.get("signal_category") == "rank_crashed":
+            why = "abort"  # a SIGABRT exit says how the rank ended, not what made it end
+        if why:
+            casualties.append((e, why))
+        else:
+            causes.append(e)
     by_cat: dict[str, dict[str, list[LogEvent]]] = {}
     for e in causes:
         strength = e.fields.get("signal_strength")
         by_cat.setdefault(str(e.fields["signal_category"]), {}).setdefault(str(strength), []).append(e)
-    for category, by_strength in by_cat.items():
-        decisive = by_strength.get("decisive", [])
-        events = decisive or by_strength.get("suggestive", [])
-        if not events:
-            continue
+    chosen = {
+        c: (s.get("decisive") or s.get("suggestive") or [], bool(s.get("decisive")))
+        for c, s in by_cat.items()
+    }
+    chosen = {c: v for c, v in chosen.items() if v[0]}
+    first = _first_category(chosen, clock)
+    suggestive_only = [c for c, (_, decisive) in chosen.items() if not decisive]
+    for category, (events, decisive) in chosen.items():
         base = DECISIVE.get(category, DECISIVE_DEFAULT) if decisive else SUGGESTIVE
+        conf = _confidence(base, events)
+        rivals = [c for c in chosen if c != category and (not chosen[c][1] or not decisive)]
+        if not decisive and len(suggestive_only) > 1:
+            conf += FIRST_BONUS if category == first else -CONFLICT
         culprit = _culprit(events, category)
         if not culprit.ranks:
             culprit.ranks = _the_one_aborted(facts, events)
+        agrees = False
+        if category == "rank_crashed" and waiting:
+            named = sorted(
+                {r for e in events if (r := _rank_named(e, single)) is not None and r not in waiters}
+            )
+            if not culprit.ranks and named:
+                culprit.ranks = named
+            # Two things that agree: the rank that died is one that never reported waiting.
+            agrees = bool(culprit.ranks) and set(culprit.ranks) <= set(waits.unheard)
+            if agrees:
+                conf += AGREE_MAX
+        lead = _lead(events, waiting, clock)
         victims = sorted({e.rank for e in waiting if e.rank is not None} - set(culprit.ranks))
         yield Match(
             category,
-            _confidence(base, events),
+            round(conf, 2),
             culprit,
             [e.quote for e in events[:6]] + [e.quote for e in waiting[:2]],
             {
@@ -188,16 +498,88 @@ def signals(facts: Facts) -> Iterator[Match]:
                 "victims": victims,
                 "where": _where(culprit),
                 "alone": False,
+                "readings": sorted(
+                    {str(e.fields["signal_reading"]) for e in events if e.fields.get("signal_reading")}
+                ),
+                "remote_error": NCCL_REMOTE_ERROR in results,
+                "came_first": category == first and len(chosen) > 1,
+                "rivals": rivals,
+                "teardown": len([c for c in casualties if c[1] != "after_crash"]),
+                "echoes": len([c for c in casualties if c[1] == "after_crash"])
+                if category == "rank_crashed"
+                else 0,
+                "agrees": agrees,
+                "lead": lead,
             },
             status="failed" if category == "rank_crashed" else None,
             template=PLAYBOOK,
         )
-    if waiting and not by_cat:
-        yield _waiting_alone(facts, waiting)
+    if (waiting or casualties) and not chosen:
+        yield _waiting_alone(facts, waiting, casualties)
     if not marked:
         context = [e for e in facts.ev.events if e.fields.get("signal_strength") == "context"]
-        if context:
+        remote = [e for e in context if NCCL_REMOTE_ERROR in nccl_results([e])]
+        if remote:
+            yield _remote_only(remote, context)
+        elif context:
             yield _context_only(context)
+
+
+REMOTE_ONLY = 0.4
+
+
+def _remote_only(remote: list[LogEvent], context: list[LogEvent]) -> Match:
+    """Only NCCL's trace of a failure, and its result code is 6 (ncclRemoteError: a remote process exited
+    prematurely, or the network failed): the peer's end is the likelier reading, said at low confidence."""
+    warned = [e for e in context if "NCCL WARN" in e.quote.text] or remote
+    culprit = Culprit(hosts=sorted({p for e in warned if (p := _peer(e))}))
+    return Match(
+        "rank_crashed",
+        REMOTE_ONLY,
+        culprit,
+        [e.quote for e in (warned[:3] + remote[:2])],
+        {
+            "category": "rank_crashed",
+            "strength": "suggestive",
+            "said": _said([_as(e, "rank_crashed", "remote_error") for e in warned]),
+            "victims": [],
+            "where": _where(culprit),
+            "alone": False,
+            "readings": ["remote_error"],
+            "remote_error": True,
+            "came_first": False,
+            "rivals": [],
+            "teardown": 0,
+            "echoes": 0,
+            "agrees": False,
+            "lead": "",
+        },
+        status="failed",
+        template=PLAYBOOK,
+    )
+
+
+def _lead(events: list[LogEvent], waiting: list[LogEvent], clock: Clock) -> str:
+    """How long before the first timeout the first of these lines came, in words ("" when no time says)."""
+    head = clock.first(events)
+    timed = [w for w in waiting if clock.time(w) is not None]
+    if head is None or clock.time(head) is None or not timed:
+        return ""
+    first_wait = min(timed, key=lambda w: clock.time(w))
+    gap = (clock.time(first_wait) - clock.time(head)).total_seconds()
+    if gap < 1:
+        return ""
+    return f"{gap / 60:.0f} min" if gap >= 120 else f"{gap:.0f} s"
+
+
+def _first_category(chosen: dict[str, tuple[list[LogEvent], bool]], clock: Clock) -> str | None:
+    """The category whose earliest line comes before every other category's earliest line."""
+    heads = {c: clock.first(events) for c, (events, _) in chosen.items()}
+    heads = {c: e for c, e in heads.items() if e is not None}
+    for c, e in heads.items():
+        if all(clock.before(e, o) is True for d, o in heads.items() if d != c) and len(heads) > 1:
+            return c
+    return None
 
 
 CONTEXT_ONLY = 0.12  # above what_next's 0.1: it says what was seen, and still names no cause
@@ -223,8 +605,75 @@ def _context_only(events: list[LogEvent]) -> Match:
     )
 
 
-def _waiting_alone(facts: Facts, waiting: list[LogEvent]) -> Match:
-    """Only timeouts: the ranks that timed out are the victims; the usual cause is one that never arrived."""
+# PyTorch's default collective timeouts: ProcessGroupNCCL's kProcessGroupNCCLDefaultTimeout (10 min, PyTorch >= 2.2)
+# and default_pg_timeout (30 min: gloo, NCCL before 2.2, and what DeepSpeed, HF Trainer and accelerate pass).
+DEFAULT_TIMEOUTS_MS = (600_000, 1_800_000)
+# An op at or below this many elements is a synchronisation point, not data: a barrier, a flag or a scalar.
+SYNC_NUMEL = 1
+# At or above this many elements it is a gradient bucket, a parameter shard or an activation: mid-step data.
+BULK_NUMEL = 1 << 20
+
+
+def _group_size(facts: Facts, waiting: list[LogEvent]) -> int | None:
+    """How many ranks the timed-out collective's group has: WORLD_SIZE, or what an all-gather's sizes say of
+    the default group (NumelOut = NumelIn x group size, ProcessGroupNCCL's WorkNCCL fields)."""
+    if facts.world_size:
+        return facts.world_size
+    for e in waiting:
+        op = str(e.fields.get("op") or "").lower()
+        n_in, n_out = e.fields.get("numel_in"), e.fields.get("numel_out")
+        default_pg = str(e.fields.get("pg") or "0") == "0" or e.fields.get("pg_name") == "default_pg"
+        if (
+            default_pg
+            and "allgather" in op.replace("_", "")
+            and isinstance(n_in, int)
+            and isinstance(n_out, int)
+            and n_in > 0
+            and n_out % n_in == 0
+            and 1 < n_out // n_in <= 65536
+        ):
+            return n_out // n_in
+    return None
+
+
+def _wait_reading(facts: Facts, waiting: list[LogEvent]) -> dict[str, Any]:
+    """What the timeout lines' own fields say (ProcessGroupNCCL's `WorkNCCL(SeqNum, OpType, NumelIn, NumelOut,
+    Timeout(ms))` and its PG status `last enqueued work / last completed work`)."""
+    timeouts = sorted(
+        {e.fields["timeout_ms"] for e in waiting if isinstance(e.fields.get("timeout_ms"), int)}
+    )
+    numels = [e.fields["numel_in"] for e in waiting if isinstance(e.fields.get("numel_in"), int)]
+    ops = {str(e.fields.get("op") or "").lower() for e in waiting if e.fields.get("op")}
+    seqs = sorted({int(e.fields["seq"]) for e in waiting if isinstance(e.fields.get("seq"), int)})
+    sync = bool(ops) and (ops <= {"barrier"} or (bool(numels) and max(numels) <= SYNC_NUMEL))
+    bulk = bool(numels) and min(numels) >= BULK_NUMEL
+    ahead: dict[int, int] = {}
+    for e in facts.ev.events_of("work_progress"):
+        enq, at = e.fields.get("last_enqueued"), e.fields.get("at_work")
+        if e.rank is not None and isinstance(enq, int) and isinstance(at, int) and enq > at:
+            ahead[e.rank] = enq - at
+    short = bool(timeouts) and max(timeouts) < min(DEFAULT_TIMEOUTS_MS)
+    return {
+        "timeout_s": [round(t / 1000) for t in timeouts],
+        "short_timeout": short,
+        "default_timeout": bool(timeouts) and all(t in DEFAULT_TIMEOUTS_MS for t in timeouts),
+        "sync_point": sync,
+        "bulk": bulk,
+        "numel": max(numels) if numels else None,
+        "first_collective": bool(seqs) and max(seqs) <= 1,
+        "ahead": ahead,
+    }
+
+
+def _waiting_alone(
+    facts: Facts, waiting: list[LogEvent], casualties: list[tuple[LogEvent, str]] | None = None
+) -> Match:
+    """Only the waiting side: the ranks that timed out are the victims; the usual cause is one that never arrived.
+
+    The waiting side includes how the waiters ended (SIGABRT exits, lost peers after the timeouts): with no
+    timeout line at all, a worker that aborted is read the same way, with the abort as the only evidence.
+    """
+    casualties = casualties or []
     absent = sorted(
         {
             e.fields["rank"]
@@ -232,31 +681,65 @@ def _waiting_alone(facts: Facts, waiting: list[LogEvent]) -> Match:
             if _ABSENTEES.search(e.kind) and isinstance(e.fields.get("rank"), int)
         }
     )
-    reporters = sorted({e.rank for e in waiting if e.rank is not None})
+    w = _waits(facts, waiting)
+    reporters, group, unheard = w.reporters, w.group, w.unheard
     silent: list[int] = []
-    if facts.world_size and reporters and not absent:
-        silent = sorted(set(range(facts.world_size)) - set(reporters))
-        silent = silent if len(silent) <= max(1, facts.world_size // 4) else []
+    if w.exact and group and reporters and not absent:
+        silent = unheard if len(unheard) <= max(1, group // 4) else []
     culprit = Culprit(ranks=absent or silent)
+    aborts = [e for e, why in casualties if why == "abort"]
+    teardown = [e for e, why in casualties if why != "abort"]
+    reading = _wait_reading(facts, waiting)
+    conf = TIMEOUT_ALONE if waiting else ABORTED_ALONE
+    if absent or silent:
+        conf += 0.15
+        if reading["short_timeout"]:
+            conf -= 0.05  # a rank merely slower than a short timeout reads the same: less sure it never came
     # A timeout names the rank that waited: with no rank named as absent, the cause is not known yet (the words
     # still say what the usual cause is and how to confirm it).
     return Match(
         "conditional_collective" if absent or silent else "unknown",
-        TIMEOUT_ALONE + (0.15 if absent or silent else 0.0),
+        conf,
         culprit,
-        [e.quote for e in waiting[:4]],
+        [e.quote for e in waiting[:4]] + [e.quote for e in aborts[:2]] + [e.quote for e in teardown[:2]],
         {
             "category": "conditional_collective" if absent or silent else "unknown",
             "strength": "suggestive",
-            "said": _said(waiting),
+            "said": _said(waiting or aborts or teardown),
             "victims": reporters,
             "where": _where(culprit),
             "alone": True,
             "absent": absent,
             "silent": silent,
+            "unheard": unheard if not (absent or silent) and len(unheard) < (group or 0) else [],
+            "group": group,
+            "group_exact": w.exact,
             "ops": sorted({str(e.fields["op"]) for e in waiting if e.fields.get("op")}),
             "seqs": sorted({int(e.fields["seq"]) for e in waiting if isinstance(e.fields.get("seq"), int)}),
+            "aborted": _abort_words(facts, aborts),
+            "teardown": len(teardown),
+            **reading,
         },
-        status="hung",
+        status="hung" if waiting else "failed",
         template=PLAYBOOK,
     )
+
+
+def _abort_words(facts: Facts, aborts: list[LogEvent]) -> list[str]:
+    """The aborted processes as the text names them: a rank, else a local rank, else a pid."""
+    rank_of_pid = {e.pid: e.rank for e in facts.ev.events if e.pid is not None and e.rank is not None}
+    out = []
+    for e in aborts:
+        pid = e.pid or e.fields.get("pid")
+        rank = e.rank if e.rank is not None else rank_of_pid.get(pid)
+        if rank is not None:
+            who = f"rank {rank}"
+        elif e.fields.get("local_rank") is not None:
+            who = f"local rank {e.fields['local_rank']}"
+        else:
+            who = "the worker"
+        if pid:
+            who += f" (pid {pid})"
+        if who not in out:
+            out.append(who)
+    return out[:4]

@@ -50,24 +50,89 @@ def storage_stall(facts: Facts) -> Iterator[Match]:
     )
 
 
-# c10's header `[E218 10:48:25.033625188 ProcessGroupNCCL.cpp:632]`: month (not zero-padded), day and time.
+# c10's header `[E218 10:48:25.033625188 ProcessGroupNCCL.cpp:632]` and torch elastic's glog header
+# `E1129 11:56:59.150000 29471 torch/distributed/...`: month (not zero-padded), day and time, no year.
 _C10_TIME = re.compile(r"\[?[EWIF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? ")
+# torch elastic's failure table (`time      : 2025-05-01_11:12:35`), which line_time's ISO form does not take.
+_UNDERSCORE_TIME = re.compile(r"\b(\d{4})-(\d\d)-(\d\d)_(\d\d):(\d\d):(\d\d)\b")
+# `dmesg -T` / `journalctl -k -o short-full`: `[Mon May  1 10:22:13 2024]`; syslog's `May  1 10:22:13 node kernel:`.
+_MONTHS = {m: i for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
+_CTIME = re.compile(
+    r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(?: (\d{4}))?\b"
+)
 # How close the collective's start must be to the save line to say the job stopped there.
 _SAME_MOMENT = timedelta(seconds=10)
 
 
 def _event_time(e: LogEvent, year: int) -> datetime | None:
-    t = line_time(e.quote.text)
+    return line_when(e.quote.text, year)
+
+
+def line_when(text: str, year: int) -> datetime | None:
+    """The wall-clock time a line carries near its start, in any of the forms the emitters print; `year` for the
+    forms that give none (glog, syslog)."""
+    t = line_time(text)
     if t is not None:
         return t
-    m = _C10_TIME.search(e.quote.text[:200])
-    if not m:
-        return None
+    head = text[:200]
+    m = _C10_TIME.search(head)
     try:
-        frac = (m.group(6) or "0")[:6].ljust(6, "0")
-        return datetime(year, *(int(m.group(i)) for i in range(1, 6)), int(frac))
+        if m:
+            frac = (m.group(6) or "0")[:6].ljust(6, "0")
+            return datetime(year, *(int(m.group(i)) for i in range(1, 6)), int(frac))
+        m = _UNDERSCORE_TIME.search(head)
+        if m:
+            return datetime(*(int(m.group(i)) for i in range(1, 7)))
+        m = _CTIME.search(head)
+        if m:
+            y = int(m.group(6)) if m.group(6) else year
+            return datetime(y, _MONTHS[m.group(1)], *(int(m.group(i)) for i in range(2, 6)))
     except ValueError:
         return None
+    return None
+
+
+class Clock:
+    """The order of events, as an engineer reads it across ranks and files: by the wall-clock time a line carries,
+    else, within one file, by its place in it (one process's output, or a launcher's merged output, is written in
+    the order things happened). Events of different files without times have no order.
+
+    Years: glog and syslog lines carry none; the year of any line that has one is used (else an arbitrary one,
+    the same for every line, so that lines of one kind still compare).
+    """
+
+    TOLERANCE = timedelta(seconds=1)
+
+    def __init__(self, events: list[LogEvent]):
+        years = [t.year for e in events[:2000] if (t := line_time(e.quote.text)) is not None]
+        self.year = max(set(years), key=years.count) if years else 2000
+        self._times: dict[int, datetime | None] = {}
+
+    def time(self, e: LogEvent) -> datetime | None:
+        key = id(e)
+        if key not in self._times:
+            self._times[key] = line_when(e.quote.text, self.year)
+        return self._times[key]
+
+    def before(self, a: LogEvent, b: LogEvent) -> bool | None:
+        """True when a happened before b, False when after, None when nothing read says."""
+        ta, tb = self.time(a), self.time(b)
+        if ta is not None and tb is not None:
+            if abs(ta - tb) >= self.TOLERANCE:
+                return ta < tb
+            return None
+        if a.quote.source == b.quote.source and a.quote.line != b.quote.line:
+            return a.quote.line < b.quote.line
+        return None
+
+    def first(self, events: list[LogEvent]) -> LogEvent | None:
+        """The event no other one is known to precede (the earliest by time, else by place in its file)."""
+        if not events:
+            return None
+        timed = [e for e in events if self.time(e) is not None]
+        if timed:
+            return min(timed, key=lambda e: (self.time(e), e.quote.line))
+        return min(events, key=lambda e: (e.quote.source, e.quote.line))
 
 
 @playbook("stopped_at_save", order=63)

@@ -154,6 +154,8 @@ class GpuState:
     power_w: float | None = None
     pids: list[int] = field(default_factory=list)
     quote: Quote | None = None
+    # The board's power limit (`92W / 400W`): how far from computing a GPU at 100% draws.
+    power_limit_w: float | None = None
 
 
 @dataclass

@@ -44,7 +44,7 @@ _HEADER = re.compile(r"NVIDIA-SMI \S+\s+Driver Version: (\S+)")
 _ROW1 = re.compile(r"^\s*(\d+)\s+(\S(?:.*\S)?)\s+(On|Off)\s*$")
 _ROW1_BUS = re.compile(rf"^\s*({_BUS})\s+(\S+)\s*$")
 # (?<!..): a search starts at the first digit of a number only (linear on a long run of digits)
-_POWER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)W\s*/\s*(?:\d+(?:\.\d+)?W|N/A)")
+_POWER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)W\s*/\s*(?:(\d+(?:\.\d+)?)W|N/A)")
 _MEM = re.compile(r"(?<!\d)(\d+)MiB\s*/\s*(\d+)MiB")
 _UTIL = re.compile(r"^\s*(\d+)%")
 _PROC = re.compile(
@@ -72,6 +72,8 @@ _KEYS = {
     "power.draw": "power_w",
     "power.draw.instant": "power_w",
     "power.draw.average": "power_w",
+    "power.limit": "power_limit_w",
+    "enforced.power.limit": "power_limit_w",
     "pid": "pid",
     "process_name": "process_name",
     "used_gpu_memory": "used_memory_mib",
@@ -241,6 +243,7 @@ class _Parser:
         # The second row of the GPU: fan/temp/perf/power | memory | util/compute mode
         p = _POWER.search(cells[0])
         gpu.power_w = float(p.group(1)) if p else None
+        gpu.power_limit_w = float(p.group(2)) if p and p.group(2) else None
         mem = _MEM.search(cells[1])
         if mem:
             gpu.mem_used_mib, gpu.mem_total_mib = float(mem.group(1)), float(mem.group(2))
