@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import io
+import mmap
 import os
 import queue
 import re
@@ -108,6 +109,56 @@ class ReadReport:
         return text
 
 
+class Mapped:
+    """The rest of a regular file, mapped rather than read: its pieces are counted where they lie, with no copy
+    (a read copies each byte once more than counting it costs). Fed to a Keeper in the very pieces a read would
+    have given (CHUNK_BYTES each from `start`), so what is kept does not depend on how the file was read; each
+    piece's pages are let go once it is read, so that the mapping never holds more than a few pieces in memory.
+    (A file truncated while it is mapped would end the process with SIGBUS: a log being analysed is not.)"""
+
+    def __init__(self, view: mmap.mmap, start: int, end: int) -> None:
+        self.view, self.start, self.end = view, start, end
+
+    def feed(self, keeper: Keeper) -> None:
+        page, dontneed = mmap.PAGESIZE, getattr(mmap, "MADV_DONTNEED", None)
+        done = self.start - self.start % page  # pages before this one are let go
+        try:
+            for at in range(self.start, self.end, CHUNK_BYTES):
+                stop = min(at + CHUNK_BYTES, self.end)
+                keeper._feed(self.view, at, stop)
+                upto = stop - stop % page
+                if upto > done and dontneed is not None:
+                    self.view.madvise(dontneed, done, upto - done)
+                    done = upto
+        finally:
+            try:
+                self.view.close()
+            except BufferError:  # pragma: no cover - a count still holds a view: the collector closes it
+                pass
+
+
+def _mapped(stream: BinaryIO, limit: int | None) -> Mapped | None:
+    """The rest of stream (from where it is now, up to `limit` bytes) mapped, when it is a big regular file."""
+    import stat
+
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        start = stream.tell()
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        return None
+    end = st.st_size if limit is None else min(st.st_size, start + limit)
+    if end - start < CHUNK_BYTES:
+        return None  # read as it always was: a mapping pays off over many pieces only
+    try:
+        view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    return Mapped(view, start, min(end, len(view)))
+
+
 class Keeper:
     """Reads a text in chunks and keeps, in bounded memory, the lines a verdict can need."""
 
@@ -131,24 +182,32 @@ class Keeper:
         self.coll: dict[tuple[bytes, bytes], collections.deque[tuple[int, bytes]]] = {}
         self._rest = b""
 
-    def feed(self, data: bytes) -> None:
-        if not data:
+    def feed(self, data: bytes | Mapped) -> None:
+        if isinstance(data, Mapped):
+            data.feed(self)
             return
-        self.bytes += len(data)
-        lo = 0
+        self._feed(data, 0, len(data))
+
+    def _feed(self, buf: bytes | mmap.mmap, lo: int, hi: int) -> None:
+        """The piece buf[lo:hi] (a chunk of a stream, or a window of a mapped file), in place."""
+        if lo >= hi:
+            return
+        self.bytes += hi - lo
         if self._rest:  # the line the last piece left open ends in this one
-            nl = data.find(b"\n")
+            nl = buf.find(b"\n", lo, hi)
             if nl < 0:
-                self._rest = (self._rest + data)[:MAX_LINE_BYTES]
+                self._rest = (self._rest + buf[lo : lo + MAX_LINE_BYTES])[:MAX_LINE_BYTES]
                 return
-            self._chunk(self._rest[:MAX_LINE_BYTES] + data[: min(nl, MAX_LINE_BYTES)] + b"\n", 0, None)
+            line = self._rest[:MAX_LINE_BYTES] + buf[lo : lo + min(nl - lo, MAX_LINE_BYTES)] + b"\n"
+            self._chunk(line, 0, None)
             self._rest, lo = b"", nl + 1
-        cut = data.rfind(b"\n", lo)
+        cut = buf.rfind(b"\n", lo, hi)
         if cut < 0:
-            self._rest = data[lo : lo + MAX_LINE_BYTES]
+            self._rest = buf[lo : min(hi, lo + MAX_LINE_BYTES)]
             return
-        self._rest = data[cut + 1 : cut + 1 + MAX_LINE_BYTES]  # a line with no end in sight: keep its start
-        self._chunk(data, lo, cut + 1)
+        # A line with no end in sight: keep its start.
+        self._rest = buf[cut + 1 : min(hi, cut + 1 + MAX_LINE_BYTES)]
+        self._chunk(buf, lo, cut + 1)
 
     def close(self) -> list[tuple[int, bytes]]:
         if self._rest:
@@ -168,18 +227,21 @@ class Keeper:
 
     # -- per chunk ---------------------------------------------------------------------------------------
 
-    def _chunk(self, buf: bytes, lo: int, hi: int | None) -> None:
-        """The whole lines of buf[lo:hi] (it ends with a newline); searched in place, never copied whole."""
+    def _chunk(self, buf: bytes | mmap.mmap, lo: int, hi: int | None) -> None:
+        """The whole lines of buf[lo:hi] (it ends with a newline); searched in place, never copied whole unless
+        its lines are to be read one by one (buf may be a mapped file: only a piece of collective lines is read
+        from the mapping itself)."""
         hi = len(buf) if hi is None else hi
-        first = (lo, hi, *_counts(buf, lo, hi))  # newlines and markers, counted in one go
-        n = first[2]
         base = self.lineno
+        head_open = len(self.head) < HEAD_LINES
+        n, marked, clean = _scan(buf, lo, hi, marks=not head_open)  # newlines and markers, counted in one go
         if n < 256:
+            buf, lo, hi = _own(buf, lo, hi)
             self._signal_lines(buf, lo, hi, base)
             self._lines(buf[lo:hi].split(b"\n")[:-1], base)
             self.lineno = base + n
             return
-        if len(self.head) < HEAD_LINES:
+        if head_open:
             # Line by line only until the head is full; the rest of the piece takes the byte-level path below.
             cut = lo
             while len(self.head) < HEAD_LINES and cut < hi:
@@ -190,14 +252,21 @@ class Keeper:
             if cut >= hi:
                 return
             lo, n, base = cut, n - (self.lineno - base), self.lineno
-            first = None  # the markers were counted from the piece's start: count again from here
-        coll = n if _all_marked(buf, lo, hi, n, first) else buf.count(_COLL, lo, hi)
-        if coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0:
+            marked, clean = _scan(buf, lo, hi)[1:]  # the markers of the rest of the piece
+        if marked is None:  # not counted by numpy (a small piece): the markers by a substring count
+            coll = _count(buf, _COLL, lo, hi)
+            clean = coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0
+        else:
+            coll = n if marked else -1
+        if coll == n and clean:
             # Nothing but collective lines: only each process's last ones can matter.
             self.collectives += coll
             self._coll_tails(buf, lo, hi, base, n)
             self.lineno = base + n
             return
+        buf, lo, hi = _own(buf, lo, hi)
+        if coll < 0:
+            coll = buf.count(_COLL, lo, hi)
         self._signal_lines(buf, lo, hi, base)
         parts = buf[lo:hi].split(b"\n")[:-1]
         if coll > n // 2:
@@ -323,7 +392,7 @@ class Keeper:
             dq.append((no, ln[:MAX_LINE_BYTES]))
         return proc
 
-    def _coll_tails(self, buf: bytes, lo: int, hi: int, base: int, n: int) -> None:
+    def _coll_tails(self, buf: bytes | mmap.mmap, lo: int, hi: int, base: int, n: int) -> None:
         """The last collective lines of each process in buf[lo:hi], searching backwards from its end."""
         budget = COLL_PER_PROCESS * max(len(self.procs), 8) + 64
         end = hi - 1  # the final newline
@@ -353,28 +422,18 @@ class Keeper:
                 stop = buf.find(b"\n", at, hi)
                 ln = buf[start:stop]
                 if _COLL in ln:
-                    self._coll_line(base + n - buf.count(b"\n", stop, hi) + 1, ln)
+                    self._coll_line(base + n - _count(buf, b"\n", stop, hi) + 1, ln)
                 end = start
 
 
 _numpy: object = None  # numpy, imported at the first big piece (None: not tried yet; False: not installed)
 
 
-def _newlines(buf: bytes, lo: int, hi: int) -> int:
-    """How many newlines buf[lo:hi] holds: the one byte scan every piece needs, so the fastest there is.
-
-    numpy counts a byte about three times faster than bytes.count; it is optional (the demo and test extras bring
-    it), and imported only when a text is big enough to pay for its import."""
-    if hi - lo < 1 << 20:
-        return buf.count(b"\n", lo, hi)
-    if not _load_numpy():
-        return buf.count(b"\n", lo, hi)
-    np = _numpy
-    return int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo) == 10))
-
-
 def _load_numpy() -> bool:
-    """Whether numpy is there (imported the first time a piece is big enough to pay for its import)."""
+    """Whether numpy is there (imported the first time a piece is big enough to pay for its import).
+
+    numpy compares a byte about four times faster than bytes.count counts one; it is optional (the demo and test
+    extras bring it)."""
     global _numpy
     if _numpy is None:
         try:
@@ -386,63 +445,84 @@ def _load_numpy() -> bool:
 
 
 _OPC = int.from_bytes(_COLL[:4], "little")  # ` opC`, the marker's first four bytes, as a little-endian word
+_SUB = 1 << 20  # a piece is counted in parts of this size: each read from memory once, then from the cache
+_pool: object = None  # a thread for the byte counts of big pieces (None: not made yet; False: one CPU)
 
 
-def _all_marked(
-    buf: bytes, lo: int, hi: int, n: int, counted: tuple[int, int, int, int] | None = None
-) -> bool:
-    """Whether buf[lo:hi] holds as many markers as lines: the test for a piece of nothing but collective lines.
+def _scan(
+    buf: bytes | mmap.mmap, lo: int, hi: int, marks: bool = True
+) -> tuple[int, bool | None, bool | None]:
+    """(newlines, marked, clean) of buf[lo:hi], which ends with a newline.
 
-    `counted` is what `_counts` gave for (lo, hi), when it was asked for this very range."""
-    if hi - lo < 1 << 20 or not _numpy:
-        return False
-    if counted is not None and counted[:2] == (lo, hi) and counted[3] >= 0:
-        return counted[3] == n
-    return _markers(buf, lo, hi) == n
-
-
-def _markers(buf: bytes, lo: int, hi: int) -> int:
-    """Markers (` opC`) in buf[lo:hi], counted by numpy as 32-bit words at each of the four alignments.
-
-    bytes.count's substring search was half of the time of reading a big NCCL log; this is about three times
-    faster. (The test is, and stays, a count: a line with two markers can hide one with none. Hyperscan was
-    measured too: one scan of a piece costs what bytes.count does before any match is reported.)"""
-    np = _numpy
-    total = 0
-    for align in range(4):
-        words = np.frombuffer(buf, dtype="<u4", count=max(0, (hi - lo - align) // 4), offset=lo + align)
-        total += int(np.count_nonzero(words == _OPC))
-    return total
-
-
-_pool: object = None  # two threads for the byte counts of big pieces (None: not made yet; False: one CPU)
-
-
-def _counts(buf: bytes, lo: int, hi: int) -> tuple[int, int]:
-    """(newlines, markers) of buf[lo:hi]; markers -1 when not counted (a small piece, or no numpy).
+    marked: whether each part of the piece (cut at newlines) holds as many markers (` opC`) as lines, the test for
+    a piece of nothing but collective lines (a count, so a line with two markers could hide one with none in the
+    same part); clean: whether it holds no carriage return or escape either (then its lines need no cleaning).
+    Both None when not counted (a piece under 1 MB, no numpy, or `marks` False): the caller counts markers itself.
 
     The two halves of a big piece (cut at a newline, so no marker is cut) are counted by two threads: numpy's
     comparisons run without the GIL, so on two CPUs the byte scans every piece needs take half the time."""
     if hi - lo < 1 << 20 or not _load_numpy():
-        return _newlines(buf, lo, hi), -1
+        return _count(buf, b"\n", lo, hi), None, None
     global _pool
     if _pool is None:
         _pool = False
         if (os.cpu_count() or 1) >= 2:
             from concurrent.futures import ThreadPoolExecutor
 
-            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangdx-count")
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangdx-count")
     mid = buf.find(b"\n", (lo + hi) // 2, hi) + 1 or hi
     if _pool is False or mid >= hi:
-        return _newlines(buf, lo, hi), _markers(buf, lo, hi)
+        return _scan_part(buf, lo, hi, marks)
+    left = _pool.submit(_scan_part, buf, lo, mid, marks)  # type: ignore[attr-defined]
+    n2, m2, c2 = _scan_part(buf, mid, hi, marks)
+    n1, m1, c1 = left.result()
+    if not marks:
+        return n1 + n2, None, None
+    return n1 + n2, bool(m1 and m2), bool(c1 and c2)
 
-    def both(a: int, b: int) -> tuple[int, int]:
-        return _newlines(buf, a, b), _markers(buf, a, b)
 
-    left = _pool.submit(both, lo, mid)  # type: ignore[attr-defined]
-    n2, m2 = both(mid, hi)
-    n1, m1 = left.result()
-    return n1 + n2, m1 + m2
+def _scan_part(buf: bytes | mmap.mmap, lo: int, hi: int, marks: bool) -> tuple[int, bool | None, bool | None]:
+    """_scan of buf[lo:hi] in one thread: part by part, each part's newlines, then (while every part so far was
+    all collective lines) its markers at the four alignments of a 32-bit word and its carriage returns and
+    escapes, while the part is still in the cache. bytes.count's substring search was half of the time of
+    reading a big NCCL log; numpy's word comparisons are about three times faster. (Hyperscan was measured too:
+    one scan of a piece costs what bytes.count does before any match is reported.)"""
+    np = _numpy
+    u8, u32 = np.uint8, np.dtype("<u4")  # type: ignore[attr-defined]
+    n, marked, clean = 0, marks, True
+    s = lo
+    while s < hi:
+        e = buf.find(b"\n", min(hi - 1, s + _SUB), hi) + 1 or hi
+        k = int(np.count_nonzero(np.frombuffer(buf, u8, e - s, s) == 10))  # type: ignore[attr-defined]
+        n += k
+        if marked:
+            m = 0
+            for a in range(4 if e - s >= 4 else 0):
+                words = np.frombuffer(buf, u32, (e - s - a) // 4, s + a)  # type: ignore[attr-defined]
+                m += int(np.count_nonzero(words == _OPC))  # type: ignore[attr-defined]
+            if m != k:
+                marked = False
+            elif clean and (buf.find(b"\r", s, e) >= 0 or buf.find(b"\x1b", s, e) >= 0):
+                clean = False
+        s = e
+    return (n, marked, clean) if marks else (n, None, None)
+
+
+def _count(buf: bytes | mmap.mmap, sub: bytes, lo: int, hi: int) -> int:
+    """buf.count(sub, lo, hi), for a mapped file too (an mmap has no count)."""
+    if isinstance(buf, bytes):
+        return buf.count(sub, lo, hi)
+    if sub == b"\n" and hi - lo >= 1 << 20 and _load_numpy():
+        np = _numpy
+        return int(np.count_nonzero(np.frombuffer(buf, np.uint8, hi - lo, lo) == 10))  # type: ignore[attr-defined]
+    return buf[lo:hi].count(sub)
+
+
+def _own(buf: bytes | mmap.mmap, lo: int, hi: int) -> tuple[bytes, int, int]:
+    """buf[lo:hi] as bytes of its own (a copy of a mapped file's piece), with its bounds."""
+    if isinstance(buf, bytes):
+        return buf, lo, hi
+    return buf[lo:hi], 0, hi - lo
 
 
 def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
@@ -653,7 +733,7 @@ def regions(lines: list[Line], mods: list[ModuleType]) -> list[tuple[str | None,
     return out
 
 
-def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
+def read_text(chunks: Iterable[bytes | Mapped], src: Source, ev: Evidence) -> ReadReport:
     """Read a text of any size into ev, streaming; what was read as what is in the report."""
     cat = signals.current(ev)
     keeper = Keeper(cat)
@@ -759,9 +839,14 @@ def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = No
             ev.gap(src.name, f"not a known artifact (binary content of {len(first)}+ bytes): skipped")
         return None
 
-    def rest() -> Iterator[bytes]:
+    def rest() -> Iterator[bytes | Mapped]:
         yield first
-        yield from chunks_of(stream, None if limit is None else max(0, limit - len(first)))
+        left = None if limit is None else max(0, limit - len(first))
+        mapped = _mapped(stream, left) if len(first) == CHUNK_BYTES else None
+        if mapped is not None:
+            yield mapped
+        else:
+            yield from chunks_of(stream, left)
 
     before = registry._size(ev)
     report = read_text(rest(), src, ev)
