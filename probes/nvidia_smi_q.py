@@ -67,6 +67,7 @@ _SECTIONS = {
     "fb memory usage",
     "bank remap availability histogram",
 }
+_SECTION_FIRST = {k.split()[0] for k in _SECTIONS}  # a section's first word: the cheap test of every line
 _KEYS = {
     "pending page blacklist",
     "remapping failure occurred",
@@ -144,7 +145,7 @@ def claims(line: str) -> int:
         return 9
     if s.startswith("GPU ") and _GPU.match(s):
         return 8
-    if _key(s) in _SECTIONS:
+    if s.split(None, 1)[0].lower() in _SECTION_FIRST and _key(s) in _SECTIONS:
         return 7
     if " : " in s and line[:1] in (" ", "\t"):
         m = _KV.match(s)
