@@ -30,6 +30,7 @@ from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
 
 CHUNK_BYTES = 8 << 20
+NUMPY_AFTER = 64 << 20  # a text counts its pieces with numpy once it is known to be at least this big
 READ_AHEAD = 2  # pieces read ahead of the one being scanned (chunks_of)
 HEAD_LINES = 4000  # the start of a log: versions, communicator set-up, the rank map
 TAIL_LINES = 20000  # its end: where the hang is
@@ -150,8 +151,8 @@ def _mapped(stream: BinaryIO, limit: int | None) -> Mapped | None:
     except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
         return None
     end = st.st_size if limit is None else min(st.st_size, start + limit)
-    if end - start < CHUNK_BYTES:
-        return None  # read as it always was: a mapping pays off over many pieces only
+    if end - start < NUMPY_AFTER:
+        return None  # read: a mapping pays off over many pieces counted by numpy only
     try:
         view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
@@ -162,8 +163,11 @@ def _mapped(stream: BinaryIO, limit: int | None) -> Mapped | None:
 class Keeper:
     """Reads a text in chunks and keeps, in bounded memory, the lines a verdict can need."""
 
-    def __init__(self, cat: catalogue_mod.Catalogue | None = None) -> None:
+    def __init__(self, cat: catalogue_mod.Catalogue | None = None, size: int | None = None) -> None:
         self.cat = cat  # its rows' lines are kept wherever they are, like fault lines
+        # Bytes read before numpy counts the pieces: none when the input is known to be big (its size), else
+        # NUMPY_AFTER (importing numpy costs what counting that much text without it does).
+        self._numpy_after = 0 if size is not None and size >= NUMPY_AFTER else NUMPY_AFTER
         self._sig: set[int] = (
             set()
         )  # numbers of this piece's lines that a row may match (or hold a fault word)
@@ -234,7 +238,8 @@ class Keeper:
         hi = len(buf) if hi is None else hi
         base = self.lineno
         head_open = len(self.head) < HEAD_LINES
-        n, marked, clean = _scan(buf, lo, hi, marks=not head_open)  # newlines and markers, counted in one go
+        big = self.bytes >= self._numpy_after
+        n, marked, clean = _scan(buf, lo, hi, not head_open, big)  # newlines and markers, counted in one go
         if n < 256:
             buf, lo, hi = _own(buf, lo, hi)
             self._signal_lines(buf, lo, hi, base)
@@ -252,7 +257,7 @@ class Keeper:
             if cut >= hi:
                 return
             lo, n, base = cut, n - (self.lineno - base), self.lineno
-            marked, clean = _scan(buf, lo, hi)[1:]  # the markers of the rest of the piece
+            marked, clean = _scan(buf, lo, hi, True, big)[1:]  # the markers of the rest of the piece
         if marked is None:  # not counted by numpy (a small piece): the markers by a substring count
             coll = _count(buf, _COLL, lo, hi)
             clean = coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0
@@ -450,18 +455,19 @@ _pool: object = None  # a thread for the byte counts of big pieces (None: not ma
 
 
 def _scan(
-    buf: bytes | mmap.mmap, lo: int, hi: int, marks: bool = True
+    buf: bytes | mmap.mmap, lo: int, hi: int, marks: bool = True, big: bool = True
 ) -> tuple[int, bool | None, bool | None]:
     """(newlines, marked, clean) of buf[lo:hi], which ends with a newline.
 
     marked: whether each part of the piece (cut at newlines) holds as many markers (` opC`) as lines, the test for
     a piece of nothing but collective lines (a count, so a line with two markers could hide one with none in the
     same part); clean: whether it holds no carriage return or escape either (then its lines need no cleaning).
-    Both None when not counted (a piece under 1 MB, no numpy, or `marks` False): the caller counts markers itself.
+    Both None when not counted (a piece under 1 MB, not `big`, no numpy, or `marks` False): the caller counts
+    markers itself.
 
     The two halves of a big piece (cut at a newline, so no marker is cut) are counted by two threads: numpy's
     comparisons run without the GIL, so on two CPUs the byte scans every piece needs take half the time."""
-    if hi - lo < 1 << 20 or not _load_numpy():
+    if hi - lo < 1 << 20 or not big or not _load_numpy():
         return _count(buf, b"\n", lo, hi), None, None
     global _pool
     if _pool is None:
@@ -512,7 +518,7 @@ def _count(buf: bytes | mmap.mmap, sub: bytes, lo: int, hi: int) -> int:
     """buf.count(sub, lo, hi), for a mapped file too (an mmap has no count)."""
     if isinstance(buf, bytes):
         return buf.count(sub, lo, hi)
-    if sub == b"\n" and hi - lo >= 1 << 20 and _load_numpy():
+    if sub == b"\n" and hi - lo >= 1 << 20 and _numpy:
         np = _numpy
         return int(np.count_nonzero(np.frombuffer(buf, np.uint8, hi - lo, lo) == 10))  # type: ignore[attr-defined]
     return buf[lo:hi].count(sub)
@@ -733,10 +739,13 @@ def regions(lines: list[Line], mods: list[ModuleType]) -> list[tuple[str | None,
     return out
 
 
-def read_text(chunks: Iterable[bytes | Mapped], src: Source, ev: Evidence) -> ReadReport:
-    """Read a text of any size into ev, streaming; what was read as what is in the report."""
+def read_text(
+    chunks: Iterable[bytes | Mapped], src: Source, ev: Evidence, size: int | None = None
+) -> ReadReport:
+    """Read a text of any size (`size` when it is known) into ev, streaming; what was read as what is in the
+    report."""
     cat = signals.current(ev)
-    keeper = Keeper(cat)
+    keeper = Keeper(cat, size)
     for data in chunks:
         keeper.feed(data)
     kept = keeper.close()
@@ -839,17 +848,19 @@ def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = No
             ev.gap(src.name, f"not a known artifact (binary content of {len(first)}+ bytes): skipped")
         return None
 
+    left = None if limit is None else max(0, limit - len(first))
+    mapped = _mapped(stream, left) if len(first) == CHUNK_BYTES else None
+
     def rest() -> Iterator[bytes | Mapped]:
         yield first
-        left = None if limit is None else max(0, limit - len(first))
-        mapped = _mapped(stream, left) if len(first) == CHUNK_BYTES else None
         if mapped is not None:
             yield mapped
         else:
             yield from chunks_of(stream, left)
 
     before = registry._size(ev)
-    report = read_text(rest(), src, ev)
+    size = len(first) + (mapped.end - mapped.start) if mapped is not None else None
+    report = read_text(rest(), src, ev, size)
     kinds = {r.kind for r in report.regions if r.kind}
     if len(kinds) == 1 and registry._size(ev) == before and not report.signals:
         mod = next((m for m in registry.parsers() if m.KIND in kinds), None)
