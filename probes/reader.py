@@ -531,8 +531,29 @@ def _own(buf: bytes | mmap.mmap, lo: int, hi: int) -> tuple[bytes, int, int]:
     return buf[lo:hi], 0, hi - lo
 
 
+_PROC_CACHE: dict[bytes, tuple[bytes, int] | None] = {}  # a line's start before ` NCCL ` -> its _proc_key
+_PROC_CACHE_MAX = 4096
+
+
 def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
-    """NCCL's `host:pid:` of a line, and where its prefix ends."""
+    """NCCL's `host:pid:` of a line, and where its prefix ends.
+
+    Asked of every collective line kept, and a process's lines share their start: found once per start. A
+    `:pid:tid [dev]` before ` NCCL ` is the line's first (no match can span ` NCCL `, whose letters the pattern
+    has no room for), so what the start gives is what the whole line gives."""
+    k = ln.find(b" NCCL ")
+    if k > 0:
+        start = ln[:k]
+        if start in _PROC_CACHE:
+            return _PROC_CACHE[start]
+        m = _NCCL_PID.search(start)
+        if m is not None:
+            h = _NCCL_HOST.search(start, max(0, m.start() - 254), m.start())
+            got = (h.group(0) + b":" + m.group(1) + b":", m.end()) if h else None
+            if len(_PROC_CACHE) >= _PROC_CACHE_MAX:
+                _PROC_CACHE.clear()
+            _PROC_CACHE[start] = got
+            return got
     m = _NCCL_PID.search(ln)
     if not m:
         d = _NCCL_DEV.match(ln)
