@@ -228,6 +228,11 @@ _CLAIMED: dict[str, NcclLine] = {}
 _CLAIMED_MAX = 8192
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("NCCL ",)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is NCCL's own (see probes/reader.py)."""
     if "NCCL " in line:

@@ -383,6 +383,11 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
     p.finish()
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("NVIDIA-SMI", "|", "+-", ",", "No ", "NVML", "Unable to determine the device handle for ")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is nvidia-smi's (see probes/reader.py)."""
     s = line.strip()

@@ -134,6 +134,11 @@ def sniff(head: bytes) -> int:
     return 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("NVSMI LOG", "Attached GPUs", "GPU ", " : ")
+CLAIM_PATTERNS: tuple[str, ...] = (r"(?i)ecc|retired|remapped|reasons|status|memory|histogram",)
+
+
 def claims(line: str) -> int:
     """How surely one line is `nvidia-smi -q`'s (see probes/reader.py)."""
     s = line.strip()

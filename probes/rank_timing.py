@@ -87,6 +87,11 @@ def sniff(head: bytes) -> int:
     return 40 if n >= 2 else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ()
+CLAIM_PATTERNS: tuple[str, ...] = (r"(?i)time", r"\b[Rr]ank")
+
+
 def claims(line: str) -> int:
     """How surely one line is a per-rank timing (see probes/reader.py)."""
     if len(line) > 600:

@@ -13,6 +13,7 @@ was read as what, and what was skipped).
 from __future__ import annotations
 
 import collections
+import hashlib
 import io
 import mmap
 import os
@@ -720,14 +721,96 @@ def _claimers() -> list[ModuleType]:
     return [m for m in registry.parsers() if hasattr(m, "claims") and hasattr(m, "parse_lines")]
 
 
+class _ClaimNeedles:
+    """Which claimers cannot claim a line: one Hyperscan pass over it finds every claimer's needles (its module's
+    CLAIM_WORDS and CLAIM_PATTERNS, which every line it claims holds); a claimer with none of its needles in the
+    line is not asked. A kept line used to be asked by every claimer (most of them running a regex or two);
+    Hyperscan asks them all at once. Without Hyperscan, or for a claimer without needles, every line is asked."""
+
+    _made: dict[tuple[str, ...], _ClaimNeedles] = {}
+
+    def __init__(self, mods: list[ModuleType]) -> None:
+        self.db: object = None
+        self.with_needles = frozenset(
+            i for i, m in enumerate(mods) if getattr(m, "CLAIM_WORDS", None) is not None
+        )
+        if self.with_needles:
+            self.db = _claims_db(mods, self.with_needles)
+
+    @classmethod
+    def of(cls, mods: list[ModuleType]) -> _ClaimNeedles:
+        key = tuple(m.__name__ for m in mods)
+        if key not in cls._made:
+            cls._made[key] = cls(mods)
+        return cls._made[key]
+
+    def skip(self, text: str) -> frozenset[int]:
+        """Indexes of the claimers whose needles are not in the line."""
+        if self.db is None:
+            return frozenset()
+        found: set[int] = set()
+        try:
+            self.db.scan(  # type: ignore[attr-defined]
+                text.encode("utf-8", "surrogatepass"), match_event_handler=lambda i, *_: found.add(i)
+            )
+        except Exception:  # noqa: BLE001 - the database busy in another thread, say: every claimer is asked
+            return frozenset()
+        return self.with_needles.difference(found)
+
+
+def _claims_db(mods: list[ModuleType], ids: frozenset[int]) -> object:
+    """The Hyperscan database of the claimers' needles (each reports its claimer's index, once a line); kept in the
+    user's cache as the catalogue's is. None without Hyperscan, or when it cannot be made."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    exprs, flags, owners = [], [], []
+    for i in sorted(ids):
+        m = mods[i]
+        for w in m.CLAIM_WORDS:
+            exprs.append("".join(f"\\x{b:02x}" for b in w.encode("utf-8")).encode())
+            flags.append(hyperscan.HS_FLAG_SINGLEMATCH)
+            owners.append(i)
+        for p in getattr(m, "CLAIM_PATTERNS", ()):
+            exprs.append(p.encode("utf-8"))
+            flags.append(hyperscan.HS_FLAG_SINGLEMATCH | hyperscan.HS_FLAG_MULTILINE)
+            owners.append(i)
+    version = getattr(hyperscan, "__version__", "")
+    key = hashlib.sha256(repr(("claims", version, exprs, flags, owners)).encode()).hexdigest()[:32]
+    try:
+        cached = catalogue_mod._cache_read(key, ".claims.hsdb")
+        if cached is not None:
+            db = hyperscan.loadb(cached, hyperscan.HS_MODE_BLOCK)
+            db.scratch = hyperscan.Scratch(db)  # a loaded database comes without one
+            db.scan(b"probe", match_event_handler=lambda *_: None)
+            return db
+    except Exception:  # noqa: BLE001 - a stale or damaged cache is compiled again
+        pass
+    try:
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        db.compile(expressions=exprs, ids=owners, flags=flags)
+    except Exception:  # noqa: BLE001 - no database: every claimer asked, as before
+        return None
+    try:
+        catalogue_mod._cache_write(key, hyperscan.dumpb(db), ".claims.hsdb")
+    except Exception:  # noqa: BLE001 - no cache (a read-only home): compiled each time, still right
+        pass
+    return db
+
+
 def family(kind: str) -> str:
     """NCCL and PyTorch lines are read by one parser: one family."""
     return _LOG_FAMILY.get(kind, kind)
 
 
-def kind_of(text: str, mods: list[ModuleType]) -> str | None:
+def kind_of(text: str, mods: list[ModuleType], skip: frozenset[int] = frozenset()) -> str | None:
+    """The kind whose claim of the line is surest (the first of equals), None under REGION_CLAIM; `skip`: indexes
+    of mods known to claim the line less than REGION_CLAIM (its needles are not in it)."""
     best, score = None, 0
-    for m in mods:
+    for i, m in enumerate(mods):
+        if i in skip:
+            continue
         try:
             s = int(m.claims(text))
         except Exception:  # noqa: BLE001 - a claim must never sink the reading
@@ -744,8 +827,9 @@ def regions(lines: list[Line], mods: list[ModuleType]) -> list[tuple[str | None,
     out: list[tuple[str | None, list[Line]]] = []
     kind: str | None = None
     cur: list[Line] = []
+    needles = _ClaimNeedles.of(mods)
     for ln in lines:
-        k = kind_of(ln.text, mods) if ln.text.strip() else None
+        k = kind_of(ln.text, mods, needles.skip(ln.text)) if ln.text.strip() else None
         if k is not None and k != kind:
             if cur:
                 out.append((kind, cur))

@@ -184,6 +184,22 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
     nccl_log.parse_lines(lines, src, ev)
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = (
+    "Traceback (most recent call last)",
+    *_TELLTALES,
+    "ProcessGroup",
+    "%|",
+    "Error",
+    "Exception",
+    "Interrupt",
+    "Exit",
+    ",",
+    " | ",
+)
+CLAIM_PATTERNS: tuple[str, ...] = (r"^\[?[EWIF]", r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):")
+
+
 def claims(line: str) -> int:
     """How surely one line is PyTorch's or torchrun's own (see probes/reader.py)."""
     if "Traceback (most recent call last)" in line:
