@@ -116,10 +116,12 @@ class Mapped:
     (a read copies each byte once more than counting it costs). Fed to a Keeper in the very pieces a read would
     have given (CHUNK_BYTES each from `start`), so what is kept does not depend on how the file was read; each
     piece's pages are let go once it is read, so that the mapping never holds more than a few pieces in memory.
-    (A file truncated while it is mapped would end the process with SIGBUS: a log being analysed is not.)"""
+    (Pages of a file truncated while it is mapped are gone: touching one ends the process with SIGBUS, where a
+    read sees the file end early. The file's size is looked at before each piece, and a piece past its end is not
+    read: a log rotated by truncation at the very millisecond its piece is read is the one case left.)"""
 
-    def __init__(self, view: mmap.mmap, start: int, end: int) -> None:
-        self.view, self.start, self.end = view, start, end
+    def __init__(self, view: mmap.mmap, start: int, end: int, fd: int) -> None:
+        self.view, self.start, self.end, self.fd = view, start, end, fd
 
     def feed(self, keeper: Keeper) -> None:
         page, dontneed = mmap.PAGESIZE, getattr(mmap, "MADV_DONTNEED", None)
@@ -127,6 +129,12 @@ class Mapped:
         try:
             for at in range(self.start, self.end, CHUNK_BYTES):
                 stop = min(at + CHUNK_BYTES, self.end)
+                try:
+                    stop = min(stop, os.fstat(self.fd).st_size)
+                except OSError:
+                    break
+                if stop <= at:
+                    break  # cut short since it was mapped: read up to its new end, as a read would
                 keeper._feed(self.view, at, stop)
                 upto = stop - stop % page
                 if upto > done and dontneed is not None:
@@ -158,7 +166,7 @@ def _mapped(stream: BinaryIO, limit: int | None) -> Mapped | None:
         view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         return None
-    return Mapped(view, start, min(end, len(view)))
+    return Mapped(view, start, min(end, len(view)), fd)
 
 
 class Keeper:
@@ -404,19 +412,18 @@ class Keeper:
         end = hi - 1  # the final newline
         seen: set[bytes] = set()
         lines_back = 0
-        walked: list[tuple[int, bytes]] = []
-        while budget > 0 and end > lo:
+        start = end
+        while budget > 0 and end > lo:  # back over the last `budget` lines: where the first of them starts
             start = max(lo, buf.rfind(b"\n", lo, end) + 1)
             lines_back += 1
-            ln = buf[start:end]
-            if _COLL in ln:
-                walked.append((base + n - lines_back + 1, ln))
             end = start - 1
             budget -= 1
-        for no, ln in reversed(walked):
-            proc = self._coll_line(no, ln)
-            if proc:
-                seen.add(proc)
+        # Those lines, cut out at once and read in order.
+        for i, ln in enumerate(buf[start : hi - 1].split(b"\n") if lines_back else ()):
+            if _COLL in ln:
+                proc = self._coll_line(base + n - lines_back + i + 1, ln)
+                if proc:
+                    seen.add(proc)
         # A process that stopped early in this piece is not among its last lines: find its last lines directly.
         for proc in list(self.procs - seen):
             end = hi
