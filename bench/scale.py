@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from hangdx.zoo import biglog
-
 PYSPY = """Process {pid}: /usr/bin/python3.11 -u train.py
 Python v3.11.7 (/usr/bin/python3.11)
 
@@ -75,6 +73,16 @@ def _run_once(args: list[str], stdin: Path | None = None) -> tuple[dict | None, 
         return None, seconds, usage.ru_maxrss / 1024
 
 
+def _write_log(path: Path, mb: int) -> Path:
+    """The log of about `mb` MB, written by a child process. The peak memory the kernel reports for a child counts
+    its parent's high-water mark at the fork (copied, then kept through exec): were this process to build a big log
+    itself, every later row would show its peak, not hangdx's."""
+    code = "import sys; from pathlib import Path; from hangdx.zoo import biglog; "
+    code += "biglog.write(Path(sys.argv[1]), biglog.ops_for(int(sys.argv[2]) << 20))"
+    subprocess.run([sys.executable, "-c", code, str(path), str(mb)], check=True, env=ENV)
+    return path
+
+
 def grep_seconds(path: Path) -> float:
     """Median seconds of `grep -c opCount` (its output read through a pipe: GNU grep stops at the first match
     when its output is /dev/null)."""
@@ -111,7 +119,7 @@ def main() -> int:
         warm.write_text(WATCHDOG.format(r=0))
         _run_once(["analyze", str(warm), "--json"])
         for mb in [int(x) for x in args.sizes.split(",") if x]:
-            log = biglog.write(Path(tmp) / f"nccl-{mb}mb.log", biglog.ops_for(mb << 20))
+            log = _write_log(Path(tmp) / f"nccl-{mb}mb.log", mb)
             size = log.stat().st_size / 2**20
             floor = grep_seconds(log)
             for how in ("file", "stdin"):
