@@ -1,13 +1,13 @@
 """Big evidence: `hangdx analyze` time and peak memory against log size and rank count, grep as the floor.
 
-    python bench/scale.py [--sizes 15,150,1500] [--ranks 64,1024,4096] [--folders 1024]
+    python bench/scale.py [--sizes 15,150,1500] [--ranks 64,1024,4096] [--folders 1024] [--repeat 3]
 
 Logs are NCCL INFO logs of 8 ranks on 2 hosts in NCCL's own format (hangdx/zoo/biglog.py), rank 5 three
-collectives behind; generated in a temporary folder, deleted after. Each row: the verdict (right when it is
-conditional_collective, rank 5), seconds of the whole `hangdx analyze` command (Python start-up included; median of
-3 runs, bytecode compiled as an installed package has it), its peak resident memory, and `grep -c opCount` on the
-same file in the same run (median of 3). Rank rows: one py-spy dump per rank, one
-rank (777, or the last) in torch.save while the others wait in all_reduce. Targets: the verdict right at every
+collectives behind; generated in a temporary folder (by a child process), deleted after. Each row: the verdict
+(right when it is conditional_collective, rank 5), seconds of the whole `hangdx analyze` command (Python start-up
+included; median of 3 runs, or --repeat; bytecode compiled as an installed package has it), its peak resident
+memory, and `grep -c opCount` on the same file in the same run (median of as many). Rank rows: one py-spy dump per
+rank, one rank (777, or the last) in torch.save while the others wait in all_reduce. Targets: the verdict right at every
 size; time at most 2x grep; peak memory under 300 MB whatever the size; time linear in ranks. Folder rows: a
 torchrun `--log-dir` tree per node (`node-NNN/<run>/attempt_0/<local rank>/stderr.log`, 8 local ranks a node) as
 people gather them, every rank's watchdog timing out in its allreduce but rank 777, which ran out of GPU memory.
@@ -103,11 +103,14 @@ def verdict_cell(v: dict | None, rank: int) -> str:
 
 
 def main() -> int:
+    global REPEAT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="15,150,1500", help="log sizes in MB")
     ap.add_argument("--ranks", default="64,1024,4096")
     ap.add_argument("--folders", default="1024", help="ranks of torchrun --log-dir trees, 8 a node")
+    ap.add_argument("--repeat", type=int, default=REPEAT, help="runs per figure, the median quoted")
     args = ap.parse_args()
+    REPEAT = max(1, args.repeat)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hangdx-scale-") as tmp:
         # As a user runs it: installed packages have their bytecode compiled (pip does it at install), whatever
