@@ -1,13 +1,13 @@
 """Big evidence: `hangdx analyze` time and peak memory against log size and rank count, grep as the floor.
 
-    python bench/scale.py [--sizes 15,150,1500] [--ranks 64,1024,4096] [--folders 1024]
+    python bench/scale.py [--sizes 15,150,1500] [--ranks 64,1024,4096] [--folders 1024] [--repeat 3]
 
 Logs are NCCL INFO logs of 8 ranks on 2 hosts in NCCL's own format (hangdx/zoo/biglog.py), rank 5 three
-collectives behind; generated in a temporary folder, deleted after. Each row: the verdict (right when it is
-conditional_collective, rank 5), seconds of the whole `hangdx analyze` command (Python start-up included; median of
-3 runs, bytecode compiled as an installed package has it), its peak resident memory, and `grep -c opCount` on the
-same file in the same run (median of 3). Rank rows: one py-spy dump per rank, one
-rank (777, or the last) in torch.save while the others wait in all_reduce. Targets: the verdict right at every
+collectives behind; generated in a temporary folder (by a child process), deleted after. Each row: the verdict
+(right when it is conditional_collective, rank 5), seconds of the whole `hangdx analyze` command (Python start-up
+included; median of 3 runs, or --repeat; bytecode compiled as an installed package has it), its peak resident
+memory, and `grep -c opCount` on the same file in the same run (median of as many). Rank rows: one py-spy dump per
+rank, one rank (777, or the last) in torch.save while the others wait in all_reduce. Targets: the verdict right at every
 size; time at most 2x grep; peak memory under 300 MB whatever the size; time linear in ranks. Folder rows: a
 torchrun `--log-dir` tree per node (`node-NNN/<run>/attempt_0/<local rank>/stderr.log`, 8 local ranks a node) as
 people gather them, every rank's watchdog timing out in its allreduce but rank 777, which ran out of GPU memory.
@@ -24,8 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-from hangdx.zoo import biglog
 
 PYSPY = """Process {pid}: /usr/bin/python3.11 -u train.py
 Python v3.11.7 (/usr/bin/python3.11)
@@ -75,6 +73,16 @@ def _run_once(args: list[str], stdin: Path | None = None) -> tuple[dict | None, 
         return None, seconds, usage.ru_maxrss / 1024
 
 
+def _write_log(path: Path, mb: int) -> Path:
+    """The log of about `mb` MB, written by a child process. The peak memory the kernel reports for a child counts
+    its parent's high-water mark at the fork (copied, then kept through exec): were this process to build a big log
+    itself, every later row would show its peak, not hangdx's."""
+    code = "import sys; from pathlib import Path; from hangdx.zoo import biglog; "
+    code += "biglog.write(Path(sys.argv[1]), biglog.ops_for(int(sys.argv[2]) << 20))"
+    subprocess.run([sys.executable, "-c", code, str(path), str(mb)], check=True, env=ENV)
+    return path
+
+
 def grep_seconds(path: Path) -> float:
     """Median seconds of `grep -c opCount` (its output read through a pipe: GNU grep stops at the first match
     when its output is /dev/null)."""
@@ -95,11 +103,14 @@ def verdict_cell(v: dict | None, rank: int) -> str:
 
 
 def main() -> int:
+    global REPEAT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="15,150,1500", help="log sizes in MB")
     ap.add_argument("--ranks", default="64,1024,4096")
     ap.add_argument("--folders", default="1024", help="ranks of torchrun --log-dir trees, 8 a node")
+    ap.add_argument("--repeat", type=int, default=REPEAT, help="runs per figure, the median quoted")
     args = ap.parse_args()
+    REPEAT = max(1, args.repeat)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hangdx-scale-") as tmp:
         # As a user runs it: installed packages have their bytecode compiled (pip does it at install), whatever
@@ -111,7 +122,7 @@ def main() -> int:
         warm.write_text(WATCHDOG.format(r=0))
         _run_once(["analyze", str(warm), "--json"])
         for mb in [int(x) for x in args.sizes.split(",") if x]:
-            log = biglog.write(Path(tmp) / f"nccl-{mb}mb.log", biglog.ops_for(mb << 20))
+            log = _write_log(Path(tmp) / f"nccl-{mb}mb.log", mb)
             size = log.stat().st_size / 2**20
             floor = grep_seconds(log)
             for how in ("file", "stdin"):

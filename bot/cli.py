@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from hangdx import __version__
 from hangdx.probes.text import printable
 
@@ -220,6 +218,8 @@ def _print(verdict, as_json: bool, verbose: bool = False) -> None:
     if as_json:
         sys.stdout.write(render.to_json(verdict) + "\n")
     else:
+        from rich.console import Console
+
         render.terminal(verdict, Console(highlight=False), verbose=verbose)
 
 
@@ -307,6 +307,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
+        from rich.console import Console
+
         doctor.render(report, Console(highlight=False))
     return 0 if report["ok"] else 3
 

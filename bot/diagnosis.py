@@ -13,7 +13,6 @@ from typing import BinaryIO
 from hangdx.playbooks import engine
 from hangdx.playbooks.verdict import Verdict
 from hangdx.probes.hosts import HostSpec, SshSettings
-from hangdx.probes.local import JobNotFound, collect_local, evidence_for_job
 from hangdx.probes.model import Evidence
 
 # A job id reaches /proc scans, file names, Slack messages and remote scripts: keep it to a safe alphabet.
@@ -80,6 +79,8 @@ def collect(
         # HANGDX_RESOLVER=local: the job runs on this machine, whatever node the alert names (CONTRACTS: the
         # job's hosts still come from the resolver). Only when no process of the job is here are the other
         # nodes the alert named probed, alone, and nobody vouches for them (a probe that finds the job does).
+        from hangdx.probes.local import collect_local  # here: `analyze` never probes this machine
+
         docs = collect_local(job_id, samples=opts.samples, interval=interval)
         elsewhere = [h for h in opts.hint_hosts if not is_this_machine(h)]
         if not elsewhere or _has_job(docs):
@@ -192,6 +193,8 @@ def name_hosts_apart(verdict: Verdict, ev: Evidence) -> Verdict:
 
 
 def verdict_of(docs: list[dict], job_id: str) -> Verdict:
+    from hangdx.probes.local import JobNotFound, evidence_for_job
+
     try:
         ev = evidence_for_job(docs, job_id)
     except JobNotFound as e:

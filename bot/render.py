@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from hangdx.playbooks.verdict import Culprit, Verdict
 from hangdx.playbooks.wording import name_set, number_set
 from hangdx.probes.text import printable
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _STATUS_STYLE = {
     "hung": "bold red",
@@ -43,6 +42,11 @@ def to_json(v: Verdict) -> str:
 def terminal(v: Verdict, console: Console, verbose: bool = False) -> None:
     """Print the verdict as a report a tired on-call engineer can act on. Every string of the verdict came
     from evidence someone else wrote: each goes through printable()."""
+    from rich.console import Group  # here: the JSON verdict (to_json) needs none of rich
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     p = printable
     rc = v.root_cause
     head = Text()

@@ -8,6 +8,7 @@ macros, so that an on-call engineer can change the words without touching Python
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -80,8 +81,36 @@ def playbooks() -> list[Playbook]:
     return sorted(_PLAYBOOKS, key=lambda p: p.order)
 
 
+class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
+    """The templates compiled once, kept in the user's cache (compiling the few a verdict needs took most of the
+    time of putting it into words); Jinja compiles a template again when its source changed. Only a file this
+    user owns that nobody else may write is loaded, and a cache that cannot be written is none: still right."""
+
+    def __init__(self) -> None:
+        from hangdx.probes.catalogue import _cache_dir
+
+        super().__init__(str(_cache_dir()), "template-%s.jinja")
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            st = os.stat(self._get_cache_filename(bucket))
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return
+            super().load_bytecode(bucket)
+        except Exception:  # noqa: BLE001 - a missing or damaged file: compiled again
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("hangdx.playbooks", "templates"),
+    bytecode_cache=_CompiledTemplates(),
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,

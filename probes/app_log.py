@@ -56,6 +56,11 @@ def line_time(text: str) -> datetime | None:
         return None
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("Operation t", "Timeout was", "stopped", "reached", "Training completed", "heckpoint")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is one of these (see probes/reader.py); bars are torch_log's."""
     if ("Operation t" in line or "Timeout was" in line) and _CURL.search(line):

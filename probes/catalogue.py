@@ -25,8 +25,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hangdx.playbooks.verdict import CATEGORIES as verdict_categories
 
 # A row points at one of the verdict's categories, never "unknown" (a row with no cause has category null).
@@ -55,7 +53,6 @@ _FORBIDDEN = [
     (re.compile(r"\(\?[aiLmsux]+\)"), "inline flag"),
 ]
 _GROUP_NAME = re.compile(r"\(\?P<\w+>")
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml parses hundreds of rows ten times faster
 _EVENT = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -338,12 +335,14 @@ def _files() -> list[tuple[str, str]]:
 
 def load_rows(files: list[tuple[str, str]]) -> list[Row]:
     """Rows of the given (name, YAML text) files; every problem of every row raised at once."""
+    import yaml  # here: the checked rows are read from the cache as JSON, without YAML
+
     probs: list[str] = []
     rows: list[Row] = []
     seen: dict[str, str] = {}
     for name, text in files:
         try:
-            raws = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (libyaml's when there is one)
+            raws = yaml.load(text, Loader=_loader())  # noqa: S506 - a safe loader (libyaml's when there is one)
         except yaml.YAMLError as e:
             probs.append(f"{name}: not YAML: {' '.join(str(e).split())[:200]}")
             continue
@@ -368,6 +367,12 @@ def load_rows(files: list[tuple[str, str]]) -> list[Row]:
             "; ".join(probs[:20]) + (f" (and {len(probs) - 20} more)" if len(probs) > 20 else "")
         )
     return rows
+
+
+def _loader() -> type:
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml parses hundreds of rows ten times faster
 
 
 class Catalogue:

@@ -229,6 +229,11 @@ def sniff(head: bytes) -> int:
     return 70 if results >= 2 else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("|", "+")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is `dcgmi diag`'s (see probes/reader.py)."""
     s = line.strip()

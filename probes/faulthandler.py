@@ -50,6 +50,11 @@ def sniff(head: bytes) -> int:
     return 40 if re.search(r"^Fatal Python error: ", text, re.M) else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("Fatal Python error: ", "Current thread 0x", "Thread 0x", "Stack (most recent", "Timeout (")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is faulthandler's (see probes/reader.py)."""
     if line.startswith("Fatal Python error: "):

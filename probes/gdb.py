@@ -58,6 +58,11 @@ def sniff(head: bytes) -> int:
     return min(30 + 10 * n, 90) if n >= 2 else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("LWP", _PY_HEAD, "Waiting for the GIL", " at remote 0x")
+CLAIM_PATTERNS: tuple[str, ...] = (r"^#",)
+
+
 def claims(line: str) -> int:
     """How surely one line is gdb's own (see probes/reader.py)."""
     if line.startswith("#"):

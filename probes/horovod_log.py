@@ -75,6 +75,20 @@ def sniff(head: bytes) -> int:
     return 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = (
+    _HEAD,
+    "[ready ranks:",
+    "[missing ranks:",
+    "Stalled ops:",
+    "Will shutdown",
+    "Stalled ranks:",
+    "Missing ranks:",
+    "Horovod has been shut down",
+)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is Horovod's stall check (see probes/reader.py)."""
     if _HEAD in line or "[ready ranks:" in line or "[missing ranks:" in line:

@@ -138,6 +138,11 @@ def _ibstatus_field(port: IbPort, key: str, value: str, q: Quote, quotes: dict[s
         port.link_layer = value or None
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("Infiniband device '", "CA '")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is ibstat's or ibstatus's (see probes/reader.py)."""
     if line.startswith("Infiniband device '"):

@@ -62,6 +62,11 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
         )
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = (": <",)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is `ip link` / `ip addr` output (see probes/reader.py)."""
     return 8 if ": <" in line and _HEADER.match(line) else 0

@@ -565,6 +565,11 @@ def _oom_sizes(tail: str) -> dict[str, Any]:
     return out
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("NVRM: Xid", "kernel")
+CLAIM_PATTERNS: tuple[str, ...] = (r"\[[^\[\]]*\.", r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ")
+
+
 def claims(line: str) -> int:
     """How surely one line is the kernel log's (see probes/reader.py)."""
     if "NVRM: Xid" in line:

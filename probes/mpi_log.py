@@ -61,6 +61,19 @@ def real_host(name: str | None) -> str | None:
     return name
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = (
+    "mpirun noticed that process rank",
+    _DETECTED,
+    _HYDRA_BAD,
+    "RUNNING AT ",
+    "Primary job",
+    "exiting improperly",
+    "Process name:",
+)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is Open MPI's (see probes/reader.py)."""
     if "mpirun noticed that process rank" in line or _DETECTED in line or _HYDRA_BAD in line:

@@ -92,6 +92,11 @@ def _head(line: str) -> str | None:
     return None
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("nccl", "Last NCCL warning", "Last NCCL error", " WARN ")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is NCCL's error text (see probes/reader.py)."""
     return 7 if _head(line) else 0

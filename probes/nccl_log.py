@@ -222,10 +222,26 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
     torch_log.parse_torch_lines(other, src, ev)
 
 
+# Lines claims() parsed, by text, for split_numbered to take rather than parse again (the reader claims every kept
+# line, then parses the regions): each is taken once, so a line met twice is parsed again the second time.
+_CLAIMED: dict[str, NcclLine] = {}
+_CLAIMED_MAX = 8192
+
+
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("NCCL ",)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is NCCL's own (see probes/reader.py)."""
-    if "NCCL " in line and match_line(line):
-        return 8
+    if "NCCL " in line:
+        nl = match_line(line)
+        if nl is not None:
+            if len(_CLAIMED) >= _CLAIMED_MAX:
+                _CLAIMED.clear()
+            _CLAIMED[line] = nl
+            return 8
     if line.startswith("NCCL version ") and _VERSION.match(line):
         return 6
     return 0
@@ -252,7 +268,7 @@ def split_numbered(numbered: list[tuple[int, str]]) -> tuple[list[NcclLine], lis
     other: list[tuple[int, str]] = []
     for item in numbered:
         i, ln = item[0], item[1]
-        nl = match_line(ln) if "NCCL " in ln else None
+        nl = (_CLAIMED.pop(ln, None) or match_line(ln)) if "NCCL " in ln else None
         if nl:
             nl.lineno = i
             if nl.rank_prefix is None and len(item) > 2:  # the reader took the prefix off and kept its rank

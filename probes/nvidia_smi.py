@@ -54,6 +54,7 @@ _PROC = re.compile(
 _FAILED = re.compile(
     r"NVIDIA-SMI has failed because (.*)|Failed to initialize NVML: (.*)|^(No devices were found)\s*$"
 )
+# (Each of _FAILED's messages holds `No ` at its start, `NVIDIA-SMI` or `NVML`: claims looks for them first.)
 _LOST = re.compile(rf"Unable to determine the device handle for (?:GPU|gpu)\s*(\d+)?:?\s*({_BUS}):\s*(.*)$")
 
 _UNIT = re.compile(r"(?<!\s)\s*\[[^\[\]]*\]$")  # " [MiB]" after a CSV column name
@@ -385,6 +386,11 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
     p.finish()
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("NVIDIA-SMI", "|", "+-", ",", "No ", "NVML", "Unable to determine the device handle for ")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is nvidia-smi's (see probes/reader.py)."""
     s = line.strip()
@@ -396,6 +402,8 @@ def claims(line: str) -> int:
         return 8
     if s.startswith("+-") and s.endswith("+") and set(s) <= {"+", "-", "=", "|", " "}:
         return 6
-    if ("," in s and _csv_header(s)) or _FAILED.search(s) or _LOST.search(s):
+    if "," in s and _csv_header(s):
         return 8
-    return 0
+    if (s.startswith("No ") or "NVIDIA-SMI" in s or "NVML" in s) and _FAILED.search(s):
+        return 8
+    return 8 if _LOST.search(s) else 0

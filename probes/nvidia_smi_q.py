@@ -67,6 +67,7 @@ _SECTIONS = {
     "fb memory usage",
     "bank remap availability histogram",
 }
+_SECTION_FIRST = {k.split()[0] for k in _SECTIONS}  # a section's first word: the cheap test of every line
 _KEYS = {
     "pending page blacklist",
     "remapping failure occurred",
@@ -133,6 +134,11 @@ def sniff(head: bytes) -> int:
     return 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("NVSMI LOG", "Attached GPUs", "GPU ", " : ")
+CLAIM_PATTERNS: tuple[str, ...] = (r"(?i)ecc|retired|remapped|reasons|status|memory|histogram",)
+
+
 def claims(line: str) -> int:
     """How surely one line is `nvidia-smi -q`'s (see probes/reader.py)."""
     s = line.strip()
@@ -144,7 +150,7 @@ def claims(line: str) -> int:
         return 9
     if s.startswith("GPU ") and _GPU.match(s):
         return 8
-    if _key(s) in _SECTIONS:
+    if s.split(None, 1)[0].lower() in _SECTION_FIRST and _key(s) in _SECTIONS:
         return 7
     if " : " in s and line[:1] in (" ", "\t"):
         m = _KV.match(s)

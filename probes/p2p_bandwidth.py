@@ -57,6 +57,18 @@ def sniff(head: bytes) -> int:
     return min(40 + 15 * n, 85) if n else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = (
+    _BANNER,
+    "P2P=",
+    "Device=",
+    "pciBusID:",
+    "P2P Connectivity Matrix",
+    "***NOTE: In case a device doesn't have P2P access",
+)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is p2pBandwidthLatencyTest's own (see probes/reader.py)."""
     s = line.strip()

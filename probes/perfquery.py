@@ -109,6 +109,11 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             ev.gap(src.name, line)
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("# Port ", "# hangdx sample", "perfquery: iberror: ", "...")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is perfquery's (see probes/reader.py)."""
     if line.startswith("# Port ") and "counters: Lid" in line:

@@ -77,6 +77,11 @@ def sniff(head: bytes) -> int:
     return 70 if any(_parse(ln) for ln in text.splitlines() if len(ln) < 20000) else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ()
+CLAIM_PATTERNS: tuple[str, ...] = (r"\[[^\[\]]*,",)
+
+
 def claims(line: str) -> int:
     """How surely one line is a pipeline action list (see probes/reader.py)."""
     if "[" not in line or len(line) > 20000:

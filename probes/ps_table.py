@@ -80,6 +80,11 @@ def sniff(head: bytes) -> int:
     return 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("[<", "PID", "TID", "ps")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is a process table's or a kernel stack's (see probes/reader.py)."""
     if line.startswith("[<") and _KSTACK.match(line):

@@ -85,6 +85,11 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
     _parse_text(lines, src, ev)
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("Thread ", "Process ", "# hangdx stack-sample", "Python v", " (idle", " (active", " (gil")
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is py-spy's own (see probes/reader.py)."""
     if line.startswith("Thread ") and _THREAD.match(line):

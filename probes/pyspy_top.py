@@ -34,6 +34,11 @@ def sniff(head: bytes) -> int:
     return 40 if n >= 2 else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ("%",)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is py-spy top's (see probes/reader.py)."""
     if "%Own" in line and _HEADER.match(line):

@@ -81,6 +81,24 @@ def sniff(head: bytes) -> int:
     return min(40 + 10 * n, 95) if n >= 1 else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = (
+    "Traceback for thread ",
+    '(Python) File "',
+    '(C) File "',
+    "The frame stack for thread ",
+    "* - Unable to merge native stack",
+    "Using executable found in the core file:",
+    _CORE_INFO,
+    "In the main interpreter",
+    "In interpreter ",
+    "Not currently attached to any interpreter",
+    "\U0001f480",
+    "pystack",
+)
+CLAIM_PATTERNS: tuple[str, ...] = ()
+
+
 def claims(line: str) -> int:
     """How surely one line is pystack's own (see probes/reader.py)."""
     s = line.lstrip()

@@ -23,7 +23,9 @@ from hangdx.probes.text import looks_binary, parse_by_lines
 KIND = "rank_timing"
 QUIET_WHEN_EMPTY = True
 
-_RANK = re.compile(r"\b[Rr]ank\s{0,3}[#:=]?\s{0,3}(\d{1,7})\b")
+# `\b[Rr]ank...`, written so that `re` looks for the letter R first (a pattern that begins with \b is tried at
+# every position of the line).
+_RANK = re.compile(r"[Rr](?<!\w[Rr])ank\s{0,3}[#:=]?\s{0,3}(\d{1,7})\b")
 _METRIC_NAMES = (
     r"time[ _]cost|elapsed(?:[ _]time)?|took|duration|latency|(?:step|iter(?:ation)?|data|comm(?:unication)?"
     r"|forward|backward|fwd|bwd|compute|wait(?:ing)?|allreduce|all_reduce|sync)[ _]time|time"
@@ -85,20 +87,22 @@ def sniff(head: bytes) -> int:
     return 40 if n >= 2 else 0
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = ()
+CLAIM_PATTERNS: tuple[str, ...] = (r"(?i)time", r"\b[Rr]ank")
+
+
 def claims(line: str) -> int:
     """How surely one line is a per-rank timing (see probes/reader.py)."""
     if len(line) > 600:
         return 0
     if _header(line):
         return 7
-    if "ank" in line and _RANK.search(line) and len(_METER.findall(line)) >= 2:
+    if "ank" not in line or not _RANK.search(line):
+        return 0
+    if len(_METER.findall(line)) >= 2:
         return 5
-    if (
-        "ank" in line
-        and _RANK.search(line)
-        and _METRIC.search(line)
-        and not line.lstrip().startswith(("[", "#"))
-    ):
+    if _METRIC.search(line) and not line.lstrip().startswith(("[", "#")):
         return 5
     return 0
 

@@ -13,7 +13,9 @@ was read as what, and what was skipped).
 from __future__ import annotations
 
 import collections
+import hashlib
 import io
+import mmap
 import os
 import queue
 import re
@@ -29,6 +31,7 @@ from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
 
 CHUNK_BYTES = 8 << 20
+NUMPY_AFTER = 64 << 20  # a text counts its pieces with numpy once it is known to be at least this big
 READ_AHEAD = 2  # pieces read ahead of the one being scanned (chunks_of)
 HEAD_LINES = 4000  # the start of a log: versions, communicator set-up, the rank map
 TAIL_LINES = 20000  # its end: where the hang is
@@ -108,11 +111,72 @@ class ReadReport:
         return text
 
 
+class Mapped:
+    """The rest of a regular file, mapped rather than read: its pieces are counted where they lie, with no copy
+    (a read copies each byte once more than counting it costs). Fed to a Keeper in the very pieces a read would
+    have given (CHUNK_BYTES each from `start`), so what is kept does not depend on how the file was read; each
+    piece's pages are let go once it is read, so that the mapping never holds more than a few pieces in memory.
+    (Pages of a file truncated while it is mapped are gone: touching one ends the process with SIGBUS, where a
+    read sees the file end early. The file's size is looked at before each piece, and a piece past its end is not
+    read: a log rotated by truncation at the very millisecond its piece is read is the one case left.)"""
+
+    def __init__(self, view: mmap.mmap, start: int, end: int, fd: int) -> None:
+        self.view, self.start, self.end, self.fd = view, start, end, fd
+
+    def feed(self, keeper: Keeper) -> None:
+        page, dontneed = mmap.PAGESIZE, getattr(mmap, "MADV_DONTNEED", None)
+        done = self.start - self.start % page  # pages before this one are let go
+        try:
+            for at in range(self.start, self.end, CHUNK_BYTES):
+                stop = min(at + CHUNK_BYTES, self.end)
+                try:
+                    stop = min(stop, os.fstat(self.fd).st_size)
+                except OSError:
+                    break
+                if stop <= at:
+                    break  # cut short since it was mapped: read up to its new end, as a read would
+                keeper._feed(self.view, at, stop)
+                upto = stop - stop % page
+                if upto > done and dontneed is not None:
+                    self.view.madvise(dontneed, done, upto - done)
+                    done = upto
+        finally:
+            try:
+                self.view.close()
+            except BufferError:  # pragma: no cover - a count still holds a view: the collector closes it
+                pass
+
+
+def _mapped(stream: BinaryIO, limit: int | None) -> Mapped | None:
+    """The rest of stream (from where it is now, up to `limit` bytes) mapped, when it is a big regular file."""
+    import stat
+
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        start = stream.tell()
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        return None
+    end = st.st_size if limit is None else min(st.st_size, start + limit)
+    if end - start < NUMPY_AFTER:
+        return None  # read: a mapping pays off over many pieces counted by numpy only
+    try:
+        view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    return Mapped(view, start, min(end, len(view)), fd)
+
+
 class Keeper:
     """Reads a text in chunks and keeps, in bounded memory, the lines a verdict can need."""
 
-    def __init__(self, cat: catalogue_mod.Catalogue | None = None) -> None:
+    def __init__(self, cat: catalogue_mod.Catalogue | None = None, size: int | None = None) -> None:
         self.cat = cat  # its rows' lines are kept wherever they are, like fault lines
+        # Bytes read before numpy counts the pieces: none when the input is known to be big (its size), else
+        # NUMPY_AFTER (importing numpy costs what counting that much text without it does).
+        self._numpy_after = 0 if size is not None and size >= NUMPY_AFTER else NUMPY_AFTER
         self._sig: set[int] = (
             set()
         )  # numbers of this piece's lines that a row may match (or hold a fault word)
@@ -131,24 +195,32 @@ class Keeper:
         self.coll: dict[tuple[bytes, bytes], collections.deque[tuple[int, bytes]]] = {}
         self._rest = b""
 
-    def feed(self, data: bytes) -> None:
-        if not data:
+    def feed(self, data: bytes | Mapped) -> None:
+        if isinstance(data, Mapped):
+            data.feed(self)
             return
-        self.bytes += len(data)
-        lo = 0
+        self._feed(data, 0, len(data))
+
+    def _feed(self, buf: bytes | mmap.mmap, lo: int, hi: int) -> None:
+        """The piece buf[lo:hi] (a chunk of a stream, or a window of a mapped file), in place."""
+        if lo >= hi:
+            return
+        self.bytes += hi - lo
         if self._rest:  # the line the last piece left open ends in this one
-            nl = data.find(b"\n")
+            nl = buf.find(b"\n", lo, hi)
             if nl < 0:
-                self._rest = (self._rest + data)[:MAX_LINE_BYTES]
+                self._rest = (self._rest + buf[lo : lo + MAX_LINE_BYTES])[:MAX_LINE_BYTES]
                 return
-            self._chunk(self._rest[:MAX_LINE_BYTES] + data[: min(nl, MAX_LINE_BYTES)] + b"\n", 0, None)
+            line = self._rest[:MAX_LINE_BYTES] + buf[lo : lo + min(nl - lo, MAX_LINE_BYTES)] + b"\n"
+            self._chunk(line, 0, None)
             self._rest, lo = b"", nl + 1
-        cut = data.rfind(b"\n", lo)
+        cut = buf.rfind(b"\n", lo, hi)
         if cut < 0:
-            self._rest = data[lo : lo + MAX_LINE_BYTES]
+            self._rest = buf[lo : min(hi, lo + MAX_LINE_BYTES)]
             return
-        self._rest = data[cut + 1 : cut + 1 + MAX_LINE_BYTES]  # a line with no end in sight: keep its start
-        self._chunk(data, lo, cut + 1)
+        # A line with no end in sight: keep its start.
+        self._rest = buf[cut + 1 : min(hi, cut + 1 + MAX_LINE_BYTES)]
+        self._chunk(buf, lo, cut + 1)
 
     def close(self) -> list[tuple[int, bytes]]:
         if self._rest:
@@ -168,18 +240,22 @@ class Keeper:
 
     # -- per chunk ---------------------------------------------------------------------------------------
 
-    def _chunk(self, buf: bytes, lo: int, hi: int | None) -> None:
-        """The whole lines of buf[lo:hi] (it ends with a newline); searched in place, never copied whole."""
+    def _chunk(self, buf: bytes | mmap.mmap, lo: int, hi: int | None) -> None:
+        """The whole lines of buf[lo:hi] (it ends with a newline); searched in place, never copied whole unless
+        its lines are to be read one by one (buf may be a mapped file: only a piece of collective lines is read
+        from the mapping itself)."""
         hi = len(buf) if hi is None else hi
-        first = (lo, hi, *_counts(buf, lo, hi))  # newlines and markers, counted in one go
-        n = first[2]
         base = self.lineno
+        head_open = len(self.head) < HEAD_LINES
+        big = self.bytes >= self._numpy_after
+        n, marked, clean = _scan(buf, lo, hi, not head_open, big)  # newlines and markers, counted in one go
         if n < 256:
+            buf, lo, hi = _own(buf, lo, hi)
             self._signal_lines(buf, lo, hi, base)
             self._lines(buf[lo:hi].split(b"\n")[:-1], base)
             self.lineno = base + n
             return
-        if len(self.head) < HEAD_LINES:
+        if head_open:
             # Line by line only until the head is full; the rest of the piece takes the byte-level path below.
             cut = lo
             while len(self.head) < HEAD_LINES and cut < hi:
@@ -190,14 +266,21 @@ class Keeper:
             if cut >= hi:
                 return
             lo, n, base = cut, n - (self.lineno - base), self.lineno
-            first = None  # the markers were counted from the piece's start: count again from here
-        coll = n if _all_marked(buf, lo, hi, n, first) else buf.count(_COLL, lo, hi)
-        if coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0:
+            marked, clean = _scan(buf, lo, hi, True, big)[1:]  # the markers of the rest of the piece
+        if marked is None:  # not counted by numpy (a small piece): the markers by a substring count
+            coll = _count(buf, _COLL, lo, hi)
+            clean = coll == n and buf.find(b"\r", lo, hi) < 0 and buf.find(b"\x1b", lo, hi) < 0
+        else:
+            coll = n if marked else -1
+        if coll == n and clean:
             # Nothing but collective lines: only each process's last ones can matter.
             self.collectives += coll
             self._coll_tails(buf, lo, hi, base, n)
             self.lineno = base + n
             return
+        buf, lo, hi = _own(buf, lo, hi)
+        if coll < 0:
+            coll = buf.count(_COLL, lo, hi)
         self._signal_lines(buf, lo, hi, base)
         parts = buf[lo:hi].split(b"\n")[:-1]
         if coll > n // 2:
@@ -323,25 +406,24 @@ class Keeper:
             dq.append((no, ln[:MAX_LINE_BYTES]))
         return proc
 
-    def _coll_tails(self, buf: bytes, lo: int, hi: int, base: int, n: int) -> None:
+    def _coll_tails(self, buf: bytes | mmap.mmap, lo: int, hi: int, base: int, n: int) -> None:
         """The last collective lines of each process in buf[lo:hi], searching backwards from its end."""
         budget = COLL_PER_PROCESS * max(len(self.procs), 8) + 64
         end = hi - 1  # the final newline
         seen: set[bytes] = set()
         lines_back = 0
-        walked: list[tuple[int, bytes]] = []
-        while budget > 0 and end > lo:
+        start = end
+        while budget > 0 and end > lo:  # back over the last `budget` lines: where the first of them starts
             start = max(lo, buf.rfind(b"\n", lo, end) + 1)
             lines_back += 1
-            ln = buf[start:end]
-            if _COLL in ln:
-                walked.append((base + n - lines_back + 1, ln))
             end = start - 1
             budget -= 1
-        for no, ln in reversed(walked):
-            proc = self._coll_line(no, ln)
-            if proc:
-                seen.add(proc)
+        # Those lines, cut out at once and read in order.
+        for i, ln in enumerate(buf[start : hi - 1].split(b"\n") if lines_back else ()):
+            if _COLL in ln:
+                proc = self._coll_line(base + n - lines_back + i + 1, ln)
+                if proc:
+                    seen.add(proc)
         # A process that stopped early in this piece is not among its last lines: find its last lines directly.
         for proc in list(self.procs - seen):
             end = hi
@@ -353,28 +435,18 @@ class Keeper:
                 stop = buf.find(b"\n", at, hi)
                 ln = buf[start:stop]
                 if _COLL in ln:
-                    self._coll_line(base + n - buf.count(b"\n", stop, hi) + 1, ln)
+                    self._coll_line(base + n - _count(buf, b"\n", stop, hi) + 1, ln)
                 end = start
 
 
 _numpy: object = None  # numpy, imported at the first big piece (None: not tried yet; False: not installed)
 
 
-def _newlines(buf: bytes, lo: int, hi: int) -> int:
-    """How many newlines buf[lo:hi] holds: the one byte scan every piece needs, so the fastest there is.
-
-    numpy counts a byte about three times faster than bytes.count; it is optional (the demo and test extras bring
-    it), and imported only when a text is big enough to pay for its import."""
-    if hi - lo < 1 << 20:
-        return buf.count(b"\n", lo, hi)
-    if not _load_numpy():
-        return buf.count(b"\n", lo, hi)
-    np = _numpy
-    return int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo) == 10))
-
-
 def _load_numpy() -> bool:
-    """Whether numpy is there (imported the first time a piece is big enough to pay for its import)."""
+    """Whether numpy is there (imported the first time a piece is big enough to pay for its import).
+
+    numpy compares a byte about four times faster than bytes.count counts one; it is optional (the demo and test
+    extras bring it)."""
     global _numpy
     if _numpy is None:
         try:
@@ -386,67 +458,110 @@ def _load_numpy() -> bool:
 
 
 _OPC = int.from_bytes(_COLL[:4], "little")  # ` opC`, the marker's first four bytes, as a little-endian word
+_SUB = 1 << 20  # a piece is counted in parts of this size: each read from memory once, then from the cache
+_pool: object = None  # a thread for the byte counts of big pieces (None: not made yet; False: one CPU)
 
 
-def _all_marked(
-    buf: bytes, lo: int, hi: int, n: int, counted: tuple[int, int, int, int] | None = None
-) -> bool:
-    """Whether buf[lo:hi] holds as many markers as lines: the test for a piece of nothing but collective lines.
+def _scan(
+    buf: bytes | mmap.mmap, lo: int, hi: int, marks: bool = True, big: bool = True
+) -> tuple[int, bool | None, bool | None]:
+    """(newlines, marked, clean) of buf[lo:hi], which ends with a newline.
 
-    `counted` is what `_counts` gave for (lo, hi), when it was asked for this very range."""
-    if hi - lo < 1 << 20 or not _numpy:
-        return False
-    if counted is not None and counted[:2] == (lo, hi) and counted[3] >= 0:
-        return counted[3] == n
-    return _markers(buf, lo, hi) == n
-
-
-def _markers(buf: bytes, lo: int, hi: int) -> int:
-    """Markers (` opC`) in buf[lo:hi], counted by numpy as 32-bit words at each of the four alignments.
-
-    bytes.count's substring search was half of the time of reading a big NCCL log; this is about three times
-    faster. (The test is, and stays, a count: a line with two markers can hide one with none. Hyperscan was
-    measured too: one scan of a piece costs what bytes.count does before any match is reported.)"""
-    np = _numpy
-    total = 0
-    for align in range(4):
-        words = np.frombuffer(buf, dtype="<u4", count=max(0, (hi - lo - align) // 4), offset=lo + align)
-        total += int(np.count_nonzero(words == _OPC))
-    return total
-
-
-_pool: object = None  # two threads for the byte counts of big pieces (None: not made yet; False: one CPU)
-
-
-def _counts(buf: bytes, lo: int, hi: int) -> tuple[int, int]:
-    """(newlines, markers) of buf[lo:hi]; markers -1 when not counted (a small piece, or no numpy).
+    marked: whether each part of the piece (cut at newlines) holds as many markers (` opC`) as lines, the test for
+    a piece of nothing but collective lines (a count, so a line with two markers could hide one with none in the
+    same part); clean: whether it holds no carriage return or escape either (then its lines need no cleaning).
+    Both None when not counted (a piece under 1 MB, not `big`, no numpy, or `marks` False): the caller counts
+    markers itself.
 
     The two halves of a big piece (cut at a newline, so no marker is cut) are counted by two threads: numpy's
     comparisons run without the GIL, so on two CPUs the byte scans every piece needs take half the time."""
-    if hi - lo < 1 << 20 or not _load_numpy():
-        return _newlines(buf, lo, hi), -1
+    if hi - lo < 1 << 20 or not big or not _load_numpy():
+        return _count(buf, b"\n", lo, hi), None, None
     global _pool
     if _pool is None:
         _pool = False
         if (os.cpu_count() or 1) >= 2:
             from concurrent.futures import ThreadPoolExecutor
 
-            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangdx-count")
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangdx-count")
     mid = buf.find(b"\n", (lo + hi) // 2, hi) + 1 or hi
     if _pool is False or mid >= hi:
-        return _newlines(buf, lo, hi), _markers(buf, lo, hi)
+        return _scan_part(buf, lo, hi, marks)
+    left = _pool.submit(_scan_part, buf, lo, mid, marks)  # type: ignore[attr-defined]
+    n2, m2, c2 = _scan_part(buf, mid, hi, marks)
+    n1, m1, c1 = left.result()
+    if not marks:
+        return n1 + n2, None, None
+    return n1 + n2, bool(m1 and m2), bool(c1 and c2)
 
-    def both(a: int, b: int) -> tuple[int, int]:
-        return _newlines(buf, a, b), _markers(buf, a, b)
 
-    left = _pool.submit(both, lo, mid)  # type: ignore[attr-defined]
-    n2, m2 = both(mid, hi)
-    n1, m1 = left.result()
-    return n1 + n2, m1 + m2
+def _scan_part(buf: bytes | mmap.mmap, lo: int, hi: int, marks: bool) -> tuple[int, bool | None, bool | None]:
+    """_scan of buf[lo:hi] in one thread: part by part, each part's newlines, then (while every part so far was
+    all collective lines) its markers at the four alignments of a 32-bit word and its carriage returns and
+    escapes, while the part is still in the cache. bytes.count's substring search was half of the time of
+    reading a big NCCL log; numpy's word comparisons are about three times faster. (Hyperscan was measured too:
+    one scan of a piece costs what bytes.count does before any match is reported.)"""
+    np = _numpy
+    u8, u32 = np.uint8, np.dtype("<u4")  # type: ignore[attr-defined]
+    n, marked, clean = 0, marks, True
+    s = lo
+    while s < hi:
+        e = buf.find(b"\n", min(hi - 1, s + _SUB), hi) + 1 or hi
+        k = int(np.count_nonzero(np.frombuffer(buf, u8, e - s, s) == 10))  # type: ignore[attr-defined]
+        n += k
+        if marked:
+            m = 0
+            for a in range(4 if e - s >= 4 else 0):
+                words = np.frombuffer(buf, u32, (e - s - a) // 4, s + a)  # type: ignore[attr-defined]
+                m += int(np.count_nonzero(words == _OPC))  # type: ignore[attr-defined]
+            if m != k:
+                marked = False
+            elif clean and (buf.find(b"\r", s, e) >= 0 or buf.find(b"\x1b", s, e) >= 0):
+                clean = False
+        s = e
+    return (n, marked, clean) if marks else (n, None, None)
+
+
+def _count(buf: bytes | mmap.mmap, sub: bytes, lo: int, hi: int) -> int:
+    """buf.count(sub, lo, hi), for a mapped file too (an mmap has no count)."""
+    if isinstance(buf, bytes):
+        return buf.count(sub, lo, hi)
+    if sub == b"\n" and hi - lo >= 1 << 20 and _numpy:
+        np = _numpy
+        return int(np.count_nonzero(np.frombuffer(buf, np.uint8, hi - lo, lo) == 10))  # type: ignore[attr-defined]
+    return buf[lo:hi].count(sub)
+
+
+def _own(buf: bytes | mmap.mmap, lo: int, hi: int) -> tuple[bytes, int, int]:
+    """buf[lo:hi] as bytes of its own (a copy of a mapped file's piece), with its bounds."""
+    if isinstance(buf, bytes):
+        return buf, lo, hi
+    return buf[lo:hi], 0, hi - lo
+
+
+_PROC_CACHE: dict[bytes, tuple[bytes, int] | None] = {}  # a line's start before ` NCCL ` -> its _proc_key
+_PROC_CACHE_MAX = 4096
 
 
 def _proc_key(ln: bytes) -> tuple[bytes, int] | None:
-    """NCCL's `host:pid:` of a line, and where its prefix ends."""
+    """NCCL's `host:pid:` of a line, and where its prefix ends.
+
+    Asked of every collective line kept, and a process's lines share their start: found once per start. A
+    `:pid:tid [dev]` before ` NCCL ` is the line's first (no match can span ` NCCL `, whose letters the pattern
+    has no room for), so what the start gives is what the whole line gives."""
+    k = ln.find(b" NCCL ")
+    if k > 0:
+        start = ln[:k]
+        if start in _PROC_CACHE:
+            return _PROC_CACHE[start]
+        m = _NCCL_PID.search(start)
+        if m is not None:
+            h = _NCCL_HOST.search(start, max(0, m.start() - 254), m.start())
+            got = (h.group(0) + b":" + m.group(1) + b":", m.end()) if h else None
+            if len(_PROC_CACHE) >= _PROC_CACHE_MAX:
+                _PROC_CACHE.clear()
+            _PROC_CACHE[start] = got
+            return got
     m = _NCCL_PID.search(ln)
     if not m:
         d = _NCCL_DEV.match(ln)
@@ -613,14 +728,96 @@ def _claimers() -> list[ModuleType]:
     return [m for m in registry.parsers() if hasattr(m, "claims") and hasattr(m, "parse_lines")]
 
 
+class _ClaimNeedles:
+    """Which claimers cannot claim a line: one Hyperscan pass over it finds every claimer's needles (its module's
+    CLAIM_WORDS and CLAIM_PATTERNS, which every line it claims holds); a claimer with none of its needles in the
+    line is not asked. A kept line used to be asked by every claimer (most of them running a regex or two);
+    Hyperscan asks them all at once. Without Hyperscan, or for a claimer without needles, every line is asked."""
+
+    _made: dict[tuple[str, ...], _ClaimNeedles] = {}
+
+    def __init__(self, mods: list[ModuleType]) -> None:
+        self.db: object = None
+        self.with_needles = frozenset(
+            i for i, m in enumerate(mods) if getattr(m, "CLAIM_WORDS", None) is not None
+        )
+        if self.with_needles:
+            self.db = _claims_db(mods, self.with_needles)
+
+    @classmethod
+    def of(cls, mods: list[ModuleType]) -> _ClaimNeedles:
+        key = tuple(m.__name__ for m in mods)
+        if key not in cls._made:
+            cls._made[key] = cls(mods)
+        return cls._made[key]
+
+    def skip(self, text: str) -> frozenset[int]:
+        """Indexes of the claimers whose needles are not in the line."""
+        if self.db is None:
+            return frozenset()
+        found: set[int] = set()
+        try:
+            self.db.scan(  # type: ignore[attr-defined]
+                text.encode("utf-8", "surrogatepass"), match_event_handler=lambda i, *_: found.add(i)
+            )
+        except Exception:  # noqa: BLE001 - the database busy in another thread, say: every claimer is asked
+            return frozenset()
+        return self.with_needles.difference(found)
+
+
+def _claims_db(mods: list[ModuleType], ids: frozenset[int]) -> object:
+    """The Hyperscan database of the claimers' needles (each reports its claimer's index, once a line); kept in the
+    user's cache as the catalogue's is. None without Hyperscan, or when it cannot be made."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    exprs, flags, owners = [], [], []
+    for i in sorted(ids):
+        m = mods[i]
+        for w in m.CLAIM_WORDS:
+            exprs.append("".join(f"\\x{b:02x}" for b in w.encode("utf-8")).encode())
+            flags.append(hyperscan.HS_FLAG_SINGLEMATCH)
+            owners.append(i)
+        for p in getattr(m, "CLAIM_PATTERNS", ()):
+            exprs.append(p.encode("utf-8"))
+            flags.append(hyperscan.HS_FLAG_SINGLEMATCH | hyperscan.HS_FLAG_MULTILINE)
+            owners.append(i)
+    version = getattr(hyperscan, "__version__", "")
+    key = hashlib.sha256(repr(("claims", version, exprs, flags, owners)).encode()).hexdigest()[:32]
+    try:
+        cached = catalogue_mod._cache_read(key, ".claims.hsdb")
+        if cached is not None:
+            db = hyperscan.loadb(cached, hyperscan.HS_MODE_BLOCK)
+            db.scratch = hyperscan.Scratch(db)  # a loaded database comes without one
+            db.scan(b"probe", match_event_handler=lambda *_: None)
+            return db
+    except Exception:  # noqa: BLE001 - a stale or damaged cache is compiled again
+        pass
+    try:
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        db.compile(expressions=exprs, ids=owners, flags=flags)
+    except Exception:  # noqa: BLE001 - no database: every claimer asked, as before
+        return None
+    try:
+        catalogue_mod._cache_write(key, hyperscan.dumpb(db), ".claims.hsdb")
+    except Exception:  # noqa: BLE001 - no cache (a read-only home): compiled each time, still right
+        pass
+    return db
+
+
 def family(kind: str) -> str:
     """NCCL and PyTorch lines are read by one parser: one family."""
     return _LOG_FAMILY.get(kind, kind)
 
 
-def kind_of(text: str, mods: list[ModuleType]) -> str | None:
+def kind_of(text: str, mods: list[ModuleType], skip: frozenset[int] = frozenset()) -> str | None:
+    """The kind whose claim of the line is surest (the first of equals), None under REGION_CLAIM; `skip`: indexes
+    of mods known to claim the line less than REGION_CLAIM (its needles are not in it)."""
     best, score = None, 0
-    for m in mods:
+    for i, m in enumerate(mods):
+        if i in skip:
+            continue
         try:
             s = int(m.claims(text))
         except Exception:  # noqa: BLE001 - a claim must never sink the reading
@@ -637,8 +834,9 @@ def regions(lines: list[Line], mods: list[ModuleType]) -> list[tuple[str | None,
     out: list[tuple[str | None, list[Line]]] = []
     kind: str | None = None
     cur: list[Line] = []
+    needles = _ClaimNeedles.of(mods)
     for ln in lines:
-        k = kind_of(ln.text, mods) if ln.text.strip() else None
+        k = kind_of(ln.text, mods, needles.skip(ln.text)) if ln.text.strip() else None
         if k is not None and k != kind:
             if cur:
                 out.append((kind, cur))
@@ -653,10 +851,13 @@ def regions(lines: list[Line], mods: list[ModuleType]) -> list[tuple[str | None,
     return out
 
 
-def read_text(chunks: Iterable[bytes], src: Source, ev: Evidence) -> ReadReport:
-    """Read a text of any size into ev, streaming; what was read as what is in the report."""
+def read_text(
+    chunks: Iterable[bytes | Mapped], src: Source, ev: Evidence, size: int | None = None
+) -> ReadReport:
+    """Read a text of any size (`size` when it is known) into ev, streaming; what was read as what is in the
+    report."""
     cat = signals.current(ev)
-    keeper = Keeper(cat)
+    keeper = Keeper(cat, size)
     for data in chunks:
         keeper.feed(data)
     kept = keeper.close()
@@ -759,12 +960,19 @@ def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = No
             ev.gap(src.name, f"not a known artifact (binary content of {len(first)}+ bytes): skipped")
         return None
 
-    def rest() -> Iterator[bytes]:
+    left = None if limit is None else max(0, limit - len(first))
+    mapped = _mapped(stream, left) if len(first) == CHUNK_BYTES else None
+
+    def rest() -> Iterator[bytes | Mapped]:
         yield first
-        yield from chunks_of(stream, None if limit is None else max(0, limit - len(first)))
+        if mapped is not None:
+            yield mapped
+        else:
+            yield from chunks_of(stream, left)
 
     before = registry._size(ev)
-    report = read_text(rest(), src, ev)
+    size = len(first) + (mapped.end - mapped.start) if mapped is not None else None
+    report = read_text(rest(), src, ev, size)
     kinds = {r.kind for r in report.regions if r.kind}
     if len(kinds) == 1 and registry._size(ev) == before and not report.signals:
         mod = next((m for m in registry.parsers() if m.KIND in kinds), None)

@@ -4,6 +4,13 @@ Each artifact-kind module in probes/ exposes:
     KIND: str
     sniff(head: bytes) -> int     0 when the bytes are not this kind, else a score (higher = surer)
     parse(data: bytes, src: Source, ev: Evidence) -> None
+and those whose lines the reader cuts into regions (probes/reader.py):
+    claims(line: str) -> int      how surely one clean line is this kind's (REGION_CLAIM or more: it is)
+    parse_lines(lines, src, ev)   a region of clean lines
+    CLAIM_WORDS, CLAIM_PATTERNS   claims()'s needles, optional: every line claims() gives REGION_CLAIM or more
+                                  holds one of the words or matches one of the patterns (Hyperscan syntax, `^` at
+                                  a line's start); the reader asks claims() only about lines that do (one Hyperscan
+                                  pass finds them all). tests/probes/test_claim_needles.py checks them.
 """
 
 from __future__ import annotations

@@ -184,6 +184,22 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
     nccl_log.parse_lines(lines, src, ev)
 
 
+# claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
+CLAIM_WORDS = (
+    "Traceback (most recent call last)",
+    *_TELLTALES,
+    "ProcessGroup",
+    "%|",
+    "Error",
+    "Exception",
+    "Interrupt",
+    "Exit",
+    ",",
+    " | ",
+)
+CLAIM_PATTERNS: tuple[str, ...] = (r"^\[?[EWIF]", r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):")
+
+
 def claims(line: str) -> int:
     """How surely one line is PyTorch's or torchrun's own (see probes/reader.py)."""
     if "Traceback (most recent call last)" in line:
@@ -192,8 +208,8 @@ def claims(line: str) -> int:
         return 8
     if _C10_HEADER.match(line):
         return 6
-    if ("it/s" in line or "s/it" in line or _BAR_RATE.search(line)) and "%|" in line:
-        return 5
+    if "%|" in line and ("it/s" in line or "s/it" in line or _BAR_RATE.search(line)):
+        return 5  # the cheap test first: the rate's search is slow on a long line
     if _EXC_LINE.match(line) and _EXC_HINT.search(line.split(":", 1)[0]):
         return 5
     if counters.is_python_log(line):

@@ -22,8 +22,6 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 
-import yaml
-
 from hangdx.probes.model import Frame
 
 KINDS = (
@@ -163,6 +161,8 @@ def _row(d: dict) -> Row:
 
 @functools.lru_cache(maxsize=1)
 def rows() -> tuple[Row, ...]:
+    import yaml  # here: a text with no stack never needs the taxonomy
+
     text = resources.files("hangdx.probes").joinpath("waits.yaml").read_text(encoding="utf-8")
     return tuple(_row(d) for d in yaml.safe_load(text))
 
