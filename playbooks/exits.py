@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.facts import Facts, votes
 from hangdx.playbooks.flowchart import _timed_out_ranks
 from hangdx.playbooks.signals import ABORTED_ALONE, own_error
 from hangdx.playbooks.verdict import Culprit
@@ -70,8 +70,10 @@ def worker_died(facts: Facts) -> Iterator[Match]:
 @playbook("mpi_exit", order=13)
 def mpi_exit(facts: Facts) -> Iterator[Match]:
     """Did mpirun report that a rank died (a signal, a non-zero exit), and on which node?"""
-    exits = facts.ev.events_of("mpi_rank_exit")
-    banners = facts.ev.events_of("mpi_job_aborted")
+    # mpirun's reports span lines (`Process name:` then `Exit code:`): a line only a catalogue row read counts as the
+    # row says (`node X exiting improperly` alone is context).
+    exits = votes(facts.ev.events_of("mpi_rank_exit"), "rank_crashed", structure=True)
+    banners = votes(facts.ev.events_of("mpi_job_aborted"), "rank_crashed", structure=True)
     if not exits and not banners:
         return
     victims = _timed_out_ranks(facts)

@@ -10,7 +10,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from hangdx.probes import waits
-from hangdx.probes.model import CollectiveRecord, Evidence, Frame, ProcessState, Quote, StackDump, ThreadStack
+from hangdx.probes.model import (
+    CollectiveRecord,
+    Evidence,
+    Frame,
+    LogEvent,
+    ProcessState,
+    Quote,
+    StackDump,
+    ThreadStack,
+)
 
 # Which frames mean which wait: the taxonomy in probes/waits.yaml, built from the libraries' sources.
 # Its kinds in the words a Location uses (the playbooks and templates say "dataloader" and "io").
@@ -565,3 +574,25 @@ def _fmt(ranks: list[int]) -> str:
     from hangdx.playbooks.wording import number_set
 
     return number_set(ranks)
+
+
+def row_vote(e: LogEvent, category: str | None, structure: bool = False) -> str | None:
+    """How an event counts for `category` (None: for whatever category its row names) in a playbook its kind
+    triggers: as the catalogue row that read its line says (`decisive` or `suggestive`; None for a `context` row or
+    a row of another category: the row's strength is what the emitter's source says the message means), else, when
+    no row read the line, as its region parser read it (`parser`: the playbook's own reading of the kind).
+
+    `structure`: the kind's parser reads several lines as one event (mpirun's `Process name:` and `Exit code:`, torch
+    elastic's failure table), so a row that read one of them does not speak for the event; only a line the
+    catalogue alone read is weighed by its row."""
+    strength = e.fields.get("signal_strength")
+    if strength is None or (structure and not e.fields.get("signal_only")):
+        return "parser"
+    if strength == "context" or (category is not None and e.fields.get("signal_category") != category):
+        return None
+    return str(strength)
+
+
+def votes(events: list[LogEvent], category: str | None, structure: bool = False) -> list[LogEvent]:
+    """The events that count for `category` (see `row_vote`)."""
+    return [e for e in events if row_vote(e, category, structure) is not None]

@@ -13,8 +13,16 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts, RankView, call_site, user_frame
-from hangdx.playbooks.signals import aborted, after_a_crash, flushed, lost_peer, own_crashes, own_error
+from hangdx.playbooks.facts import Facts, RankView, call_site, row_vote, user_frame, votes
+from hangdx.playbooks.signals import (
+    aborted,
+    after_a_crash,
+    flushed,
+    lost_peer,
+    own_crashes,
+    own_error,
+    peer_host,
+)
 from hangdx.playbooks.timeline import Clock
 from hangdx.playbooks.verdict import Culprit
 from hangdx.playbooks.wording import number_set
@@ -176,7 +184,11 @@ def _hosts_of_events(events: list[LogEvent]) -> list[str]:
 def never_joined(facts: Facts) -> Iterator[Match]:
     """Did every rank get through rendezvous and communicator set-up?"""
     in_init = facts.ranks_where("init")
-    init_logs = facts.ev.events_of("nccl_conn_refused", "store_timeout", "rendezvous_timeout")
+    # Each line counts as its catalogue row reads it: a store's socket timeout mid-run is context, a receive that
+    # failed on a broken pipe is a peer that went away (rank_crashed), not a connect that never succeeded.
+    init_logs = votes(
+        facts.ev.events_of("nccl_conn_refused", "store_timeout", "rendezvous_timeout"), "comm_init_failure"
+    )
     # A failure NCCL placed in the data path (the proxy thread, after set-up) is nccl_socket_fault's. A connection
     # that was up and went away (broken pipe, reset or closed by the peer) is no set-up failure: its peer ended
     # (the signal catalogue's reading, playbooks/signals.py); a refused or unanswered connect is one.
@@ -861,6 +873,9 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
     events = facts.ev.events_of("xid", "gpu_lost", "gpu_error", "nvidia_smi_failed")
     # nvidia-smi -q's memory errors (probes/nvidia_smi_q.py) and dcgmi diag's failed tests (probes/dcgmi_diag.py)
     events += facts.ev.events_of("gpu_memory_error", "dcgm_diag_fail")
+    # Each line counts as its catalogue row reads it (an Xid NVIDIA files under the application, a driver notice,
+    # DCGM's low-bandwidth test: no GPU fault of their own).
+    events = votes(events, "gpu_fault")
     if not events:
         return
     by_host: dict[str | None, list[LogEvent]] = defaultdict(list)
@@ -869,9 +884,7 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
     for host, evs in by_host.items():
         xids = sorted({int(e.fields["xid"]) for e in evs if isinstance(e.fields.get("xid"), int)})
         gpus = sorted({str(g) for e in evs if (g := e.fields.get("bus_id") or e.fields.get("gpu"))})
-        severe = any(x in (48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120) for x in xids) or any(
-            e.kind in ("gpu_lost", "nvidia_smi_failed") or e.fields.get("severity") == "critical" for e in evs
-        )
+        severe = any(_gpu_severe(e) for e in evs)
         ranks = _ranks_on_gpus(facts, host, gpus)
         meanings = []
         for e in evs:
@@ -900,6 +913,16 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
             },
             status="hung",
         )
+
+
+def _gpu_severe(e: LogEvent) -> bool:
+    """A GPU line that settles the fault: its catalogue row is decisive (NVIDIA's resolution for that Xid is a reset
+    or service, the GPU fell off the bus, ...); a line no row read, by its parser's reading (the Xid table's
+    critical ones, a lost GPU, a driver nvidia-smi cannot reach)."""
+    vote = row_vote(e, "gpu_fault")
+    if vote != "parser":
+        return vote == "decisive"
+    return e.kind in ("gpu_lost", "nvidia_smi_failed") or e.fields.get("severity") == "critical"
 
 
 def _dcgm_meaning(e: LogEvent) -> str | None:
@@ -949,11 +972,13 @@ def network_fault(facts: Facts) -> Iterator[Match]:
     """Is the fabric at fault: IB errors in NCCL, a port down, error counters rising, a link down?"""
     ev = facts.ev
     # A completion flushed (IB status 5) only echoes the queue pair's first failure, often a peer that went away.
-    nccl = [e for e in ev.events_of("nccl_ib_completion_error", "nccl_port_error") if not flushed(e)]
+    # Each line counts as its catalogue row reads it (a non-fatal async event, a link coming up: no fault).
+    nccl = votes(ev.events_of("nccl_ib_completion_error", "nccl_port_error"), "network_fault")
+    nccl = [e for e in nccl if not flushed(e)]
     # A peer that stopped answering after a process crashed stopped because it crashed: rank_gone's, not the fabric's.
     crashes, clock = own_crashes(facts), Clock(ev.events)
     nccl = [e for e in nccl if not after_a_crash(e, crashes, clock)]
-    links = ev.events_of("nic_link")
+    links = votes(ev.events_of("nic_link"), "network_fault")
     links = [e for e in links if str(e.fields.get("state", "")).lower() in ("down", "unplugged")]
     down = [
         p
@@ -964,8 +989,14 @@ def network_fault(facts: Facts) -> Iterator[Match]:
     rising = _rising_counters(facts)
     if not (nccl or links or down or rising):
         return
+    # A completion error names the peer at the other end of the failing path: both ends are suspects.
+    peers = [p for e in nccl if (p := peer_host(e))]
     hosts = sorted(
-        {h for h in [e.host for e in nccl + links] + [p.host for p in down] + [r[0] for r in rising] if h}
+        {
+            h
+            for h in [e.host for e in nccl + links] + peers + [p.host for p in down] + [r[0] for r in rising]
+            if h
+        }
     )
     ports = sorted({f"{p.host}:{p.ca}/{p.port}" if p.host else f"{p.ca}/{p.port}" for p in down})
     ports += sorted({f"{h}:{ca}/{port}" if h else f"{ca}/{port}" for h, ca, port, _, _, _ in rising})

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.signals import lost_peer, peer_host
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import CollectiveRecord, LogEvent, Quote
 
@@ -78,9 +79,11 @@ def nccl_socket_fault(facts: Facts) -> Iterator[Match]:
     failures = [e for e in events if not _TRACE_ONLY.match(str(e.fields.get("message") or ""))]
     if not failures:
         return
-    hosts = _hosts(failures)
     ranks = sorted({e.rank for e in failures if e.rank is not None})
     peers = sorted({str(e.fields["peer"]) for e in failures if e.fields.get("peer")})
+    # A send or receive that failed between two hosts (timed out, no route): both ends are suspects, the peer
+    # without its port. A peer that closed or reset the connection went away: that is its end, not a link's.
+    hosts = sorted(set(_hosts(failures)) | {p for e in failures if not lost_peer(e) and (p := peer_host(e))})
     closed = all("closed by remote peer" in e.quote.text.lower() for e in failures)
     errors = list(dict.fromkeys(str(e.fields.get("error") or e.fields.get("message")) for e in failures))
     yield Match(

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.facts import Facts, row_vote, votes
 from hangdx.playbooks.timeline import Clock
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent
@@ -118,7 +118,7 @@ def own_error(facts: Facts, rank: int | None = None) -> bool:
     def mine(e: LogEvent) -> bool:
         return rank is None or e.rank is None or e.rank == rank
 
-    if any(mine(e) for e in facts.ev.events_of(*_OWN_ERROR_KINDS)):
+    if any(mine(e) for e in votes(facts.ev.events_of(*_OWN_ERROR_KINDS), None)):
         return True
     for e in facts.ev.events_of("exception"):
         if mine(e) and not any(w in e.quote.text.lower() for w in _COMM_WORDS):
@@ -159,8 +159,8 @@ def own_crashes(facts: Facts) -> list[LogEvent]:
             and e.fields.get("signal_strength") == "decisive"
         ):
             out.append(e)
-        elif e.kind in _OWN_ERROR_KINDS:
-            out.append(e)
+        elif e.kind in _OWN_ERROR_KINDS and row_vote(e, None):
+            out.append(e)  # a context row of the kind (an allocator's summary, a hint line) is no crash
     return out
 
 
@@ -177,9 +177,20 @@ def lost_peer(e: LogEvent) -> bool:
     return bool(LOST_PEER.search(text) or LOST_PEER.search(e.quote.text[:600]))
 
 
+# Kinds of line that report another process's or node's end, printed by whoever saw it (Ray's driver and GCS, a
+# launcher, slurmctld's verdict in a surviving node's banner, NCCL RAS): never by the process that ended.
+OBSERVED_ENDS = frozenset({"worker_died", "node_failure", "rank_unreachable"})
+
+
 def _survivor(e: LogEvent) -> bool:
-    """Printed by the side that is still there, about the side that went away."""
-    return lost_peer(e) or e.fields.get("signal_reading") == "remote_error"
+    """Printed by the side that is still there, about the side that went away: a lost connection, NCCL's remote
+    error (result 6: "a remote process exited"), a report of another process's end."""
+    return (
+        lost_peer(e)
+        or e.fields.get("signal_reading") == "remote_error"
+        or _kind(e) in OBSERVED_ENDS
+        or ("NCCL" in e.quote.text and NCCL_REMOTE_ERROR in nccl_results([e]))
+    )
 
 
 def nccl_results(events: list[LogEvent]) -> set[int]:
@@ -208,28 +219,64 @@ def _gpu(e: LogEvent) -> str | None:
 _PORT = re.compile(r"<\d{1,5}>$|:\d{1,5}$")
 
 
-def _peer(e: LogEvent) -> str | None:
-    """The peer a line blames (`closed by remote peer node2<55555>`, `[10.0.0.7]:35411`), without its port."""
+def peer_host(e: LogEvent) -> str | None:
+    """The peer a line names (`closed by remote peer node2<55555>`, `[10.0.0.7]:35411`), without its port."""
     value = e.fields.get("peer")
     if not value or str(value).isdigit():
         return None  # a bare number is a rank (or a local rank), not a host
     return _PORT.sub("", str(value).strip("[]")).strip("[]") or None
 
 
+def subject_host(e: LogEvent) -> str | None:
+    """The host of the process a line is about, when the line names it: its peer (the other end of a connection),
+    or the node a launcher or scheduler names for the task that ended (srun's `node17: task 3`, mpirun's `on node
+    X`, Hydra's `RUNNING AT X`)."""
+    peer = peer_host(e)
+    if peer:
+        return peer
+    node = e.fields.get("node")
+    if isinstance(node, str) and _SAFE_NAME.fullmatch(node) and not node.isdigit() and not node.isupper():
+        return node
+    return None
+
+
+def named_ranks(e: LogEvent) -> list[int]:
+    """The ranks a line is about that are not the rank printing it: a list of ranks a row names (the stragglers a
+    detector measured, the ranks that never reached a barrier), the rank at the other end of a failed connection."""
+    out = (
+        [r for r in e.fields.get("ranks") or [] if isinstance(r, int)]
+        if isinstance(e.fields.get("ranks"), list)
+        else []
+    )
+    peer = e.fields.get("peer_rank")
+    if isinstance(peer, int):
+        out.append(peer)
+    return sorted(set(out))
+
+
+# Categories whose lines name the far end of a path that failed (a link, a connection that could not be made):
+# the peer's host is a suspect as much as the printer's.
+_BOTH_ENDS = ("network_fault", "comm_init_failure")
+
+
 def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     """Who the lines name. For a crash, a line that says its peer went away is printed by the survivor: the peer
-    it names is the culprit (a host, or a local rank on the printer's own host); a survivor that names no peer
-    names nobody."""
+    it names is the culprit (a host, a rank, or a local rank on the printer's own host); a survivor that names no
+    peer names nobody. A line that names other ranks (stragglers, absentees) names them, not its printer. A link or
+    connection that failed names both ends."""
     if category == "rank_crashed":
-        blamed = [e for e in events if _peer(e)]
+        blamed = [e for e in events if subject_host(e) or isinstance(e.fields.get("peer_rank"), int)]
         local = [
             e for e in events if e not in blamed and lost_peer(e) and e.fields.get("local_rank") is not None
         ]
         own = [e for e in events if e not in blamed and e not in local and not _survivor(e)]
         if blamed or local or len(own) < len(events):
             c = _culprit(own) if own else Culprit()
+            c.ranks = sorted(set(c.ranks) | {r for e in blamed for r in named_ranks(e)})
             c.hosts = sorted(
-                set(c.hosts) | {p for e in blamed if (p := _peer(e))} | {e.host for e in local if e.host}
+                set(c.hosts)
+                | {p for e in blamed if (p := subject_host(e))}
+                | {e.host for e in local if e.host}
             )
             c.processes = list(
                 dict.fromkeys(
@@ -238,15 +285,20 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
                 )
             )[:8]
             return c
-    ranks = sorted({e.rank for e in events if e.rank is not None})
-    hosts = sorted({e.host for e in events if e.host})
-    gpus = list(dict.fromkeys(g for e in events if (g := _gpu(e))))
+    speakers = [e for e in events if not named_ranks(e)]
+    ranks = sorted(
+        {e.rank for e in speakers if e.rank is not None} | {r for e in events for r in named_ranks(e)}
+    )
+    hosts = {e.host for e in speakers if e.host}
+    if category in _BOTH_ENDS:
+        hosts |= {p for e in events if (p := peer_host(e))}
+    gpus = list(dict.fromkeys(g for e in speakers if (g := _gpu(e))))
     procs = []
     if not ranks:
         procs = list(
-            dict.fromkeys(f"{e.host} pid {e.pid}" if e.host else f"pid {e.pid}" for e in events if e.pid)
+            dict.fromkeys(f"{e.host} pid {e.pid}" if e.host else f"pid {e.pid}" for e in speakers if e.pid)
         )
-    return Culprit(ranks=ranks, hosts=hosts, gpus=gpus, processes=procs[:8])
+    return Culprit(ranks=ranks, hosts=sorted(hosts), gpus=gpus, processes=procs[:8])
 
 
 def _the_one_aborted(facts: Facts, events: list[LogEvent]) -> list[int]:
@@ -322,6 +374,7 @@ def _readings(facts: Facts) -> tuple[list[LogEvent], set[int]]:
         [e for e in facts.ev.events if e.kind in ("nccl_check_trace", "nccl_warn", "nccl_error", "signal")]
     )
     out = []
+    cut = [t for t in facts.ev.events_of("traceback_cut") if t.fields.get("where") in TRACEBACK_END]
     # NCCL's INFO lines about a closed connection are also what every normal end prints (ncclCommDestroy closes
     # them all): they say a peer went away only beside a failure.
     failing = any(e.fields.get("signal_category") or _waiting(e) for e in facts.ev.events)
@@ -349,9 +402,37 @@ def _readings(facts: Facts) -> tuple[list[LogEvent], set[int]]:
             and (NCCL_REMOTE_ERROR in nccl_results([e]))
         ):
             out.append(_as(e, "rank_crashed", "remote_error"))
+        elif (
+            category == "rank_crashed"
+            and e.fields.get("signal_strength") != "decisive"
+            and (tb := _traceback_after(e, cut)) is not None
+        ):
+            read = _as(e, TRACEBACK_END[str(tb.fields["where"])], "traceback_end")
+            read.fields["traceback_end"] = (tb.fields.get("frames") or [""])[-1]
+            out.append(read)
         elif category and e.fields.get("signal_row"):
             out.append(e)
     return out, results
+
+
+# Where a traceback cut before its exception ends (the taxonomy of waits, probes/waits.yaml), as a category: a
+# process that failed inside the DataLoader's code failed in its input pipeline, one inside a file read in I/O.
+TRACEBACK_END = {"data": "dataloader_stall", "storage": "io_stall"}
+TRACEBACK_GAP = 3  # lines between a line that says a process raised and the traceback it introduces
+
+
+def _traceback_after(e: LogEvent, cut: list[LogEvent]) -> LogEvent | None:
+    """The traceback a line introduces (`-- Process 5 terminated with the following error:`, then its traceback):
+    one that starts right after it in the same text. Its end, not the line, says where the process failed."""
+    for t in cut:
+        start = t.fields.get("start")
+        if (
+            t.quote.source == e.quote.source
+            and isinstance(start, int)
+            and 0 < start - e.quote.line <= TRACEBACK_GAP
+        ):
+            return t
+    return None
 
 
 def _casualty(
@@ -391,6 +472,15 @@ def _rank_named(e: LogEvent, single: bool) -> int | None:
     if single and str(local).isdigit() and not lost_peer(e):
         return int(str(local))
     return None
+
+
+def _the_host(facts: Facts) -> str | None:
+    """The one host a text names, when it names exactly one (localhost tells no machine apart)."""
+    hosts = {e.host for e in facts.ev.events if e.host} | set(facts.ev.hosts)
+    if len(hosts) != 1:
+        return None
+    host = next(iter(hosts))
+    return host if _SAFE_NAME.fullmatch(host) and host not in ("localhost", "127.0.0.1") else None
 
 
 def _one_host(facts: Facts) -> bool:
@@ -453,6 +543,15 @@ def signals(facts: Facts) -> Iterator[Match]:
             casualties.append((e, why))
         else:
             causes.append(e)
+    if waiting:
+        # A worker's SIGABRT exit that its row reads as context (torch elastic's `failed (exitcode: -6)`): still how
+        # a waiting rank ended, and the words say so.
+        seen = {id(e) for e in marked}
+        casualties += [
+            (e, "abort")
+            for e in facts.ev.events
+            if id(e) not in seen and e.fields.get("signal_row") and aborted(e)
+        ]
     by_cat: dict[str, dict[str, list[LogEvent]]] = {}
     for e in causes:
         strength = e.fields.get("signal_strength")
@@ -473,6 +572,15 @@ def signals(facts: Facts) -> Iterator[Match]:
         culprit = _culprit(events, category)
         if not culprit.ranks:
             culprit.ranks = _the_one_aborted(facts, events)
+        if (
+            not (culprit.ranks or culprit.hosts)
+            and (host := _the_host(facts))
+            and not all(map(_survivor, events))
+        ):
+            # One node's output (a paste whose every line that names a host names the same one): a line of a
+            # process's own end that names no host happened there (slurmstepd's banner names its node, its OOM
+            # report does not).
+            culprit.hosts = [host]
         agrees = False
         if category == "rank_crashed" and waiting:
             named = sorted(
@@ -501,6 +609,11 @@ def signals(facts: Facts) -> Iterator[Match]:
                 "readings": sorted(
                     {str(e.fields["signal_reading"]) for e in events if e.fields.get("signal_reading")}
                 ),
+                "ends": list(
+                    dict.fromkeys(
+                        str(e.fields["traceback_end"]) for e in events if e.fields.get("traceback_end")
+                    )
+                ),
                 "remote_error": NCCL_REMOTE_ERROR in results,
                 "came_first": category == first and len(chosen) > 1,
                 "rivals": rivals,
@@ -510,6 +623,7 @@ def signals(facts: Facts) -> Iterator[Match]:
                 else 0,
                 "agrees": agrees,
                 "lead": lead,
+                "observed": all(map(_survivor, events)),
             },
             status="failed" if category == "rank_crashed" else None,
             template=PLAYBOOK,
@@ -532,7 +646,7 @@ def _remote_only(remote: list[LogEvent], context: list[LogEvent]) -> Match:
     """Only NCCL's trace of a failure, and its result code is 6 (ncclRemoteError: a remote process exited
     prematurely, or the network failed): the peer's end is the likelier reading, said at low confidence."""
     warned = [e for e in context if "NCCL WARN" in e.quote.text] or remote
-    culprit = Culprit(hosts=sorted({p for e in warned if (p := _peer(e))}))
+    culprit = Culprit(hosts=sorted({p for e in warned if (p := peer_host(e))}))
     return Match(
         "rank_crashed",
         REMOTE_ONLY,
@@ -678,14 +792,17 @@ def _waiting_alone(
         {
             e.fields["rank"]
             for e in waiting
-            if _ABSENTEES.search(e.kind) and isinstance(e.fields.get("rank"), int)
+            if _ABSENTEES.search(_kind(e)) and isinstance(e.fields.get("rank"), int)
         }
+        | {r for e in waiting if _ABSENTEES.search(_kind(e)) for r in named_ranks(e)}
     )
     w = _waits(facts, waiting)
     reporters, group, unheard = w.reporters, w.group, w.unheard
+    idle = [] if absent else idle_ranks(facts, waiting)
     silent: list[int] = []
-    if w.exact and group and reporters and not absent:
+    if w.exact and group and reporters and not absent and not idle:
         silent = unheard if len(unheard) <= max(1, group // 4) else []
+    absent = absent or idle
     culprit = Culprit(ranks=absent or silent)
     aborts = [e for e, why in casualties if why == "abort"]
     teardown = [e for e, why in casualties if why != "abort"]
@@ -710,6 +827,7 @@ def _waiting_alone(
             "where": _where(culprit),
             "alone": True,
             "absent": absent,
+            "idle": idle,
             "silent": silent,
             "unheard": unheard if not (absent or silent) and len(unheard) < (group or 0) else [],
             "group": group,
@@ -723,6 +841,25 @@ def _waiting_alone(
         status="hung" if waiting else "failed",
         template=PLAYBOOK,
     )
+
+
+def idle_ranks(facts: Facts, waiting: list[LogEvent]) -> list[int]:
+    """Ranks that did not wait while others timed out, whose own ProcessGroupNCCL counters say every collective
+    they enqueued has completed (`last enqueued NCCL work: N, last completed NCCL work: N`, the dump-signal line each
+    rank prints when one rank's watchdog fires): nothing of theirs is in flight, so they never issued the collective
+    the others wait in (another code path, or busy or stuck outside collectives)."""
+    waiters = {e.rank for e in waiting if e.rank is not None}
+    seqs = [int(e.fields["seq"]) for e in waiting if isinstance(e.fields.get("seq"), int)]
+    if not waiting:
+        return []
+    out: set[int] = set()
+    for e in facts.ev.events:
+        enq, done = e.fields.get("last_enqueued"), e.fields.get("last_completed")
+        if e.rank is None or e.rank in waiters or not isinstance(enq, int) or not isinstance(done, int):
+            continue
+        if enq == done >= 0 and (not seqs or enq < max(seqs)):
+            out.add(e.rank)
+    return sorted(out)
 
 
 def _abort_words(facts: Facts, aborts: list[LogEvent]) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.facts import Facts, votes
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.app_log import line_time
 from hangdx.probes.model import LogEvent
@@ -25,7 +25,8 @@ _TIMEOUTS = ("watchdog_timeout", "gloo_timeout")
 @playbook("storage_stall", order=58)
 def storage_stall(facts: Facts) -> Iterator[Match]:
     """Did an object-storage transfer stall (curl below its low-speed limit, timed out), around a checkpoint?"""
-    stalls = facts.ev.events_of("storage_stall")
+    # Each line counts as its catalogue row reads it (a Lustre connection restored is no stall).
+    stalls = votes(facts.ev.events_of("storage_stall"), "io_stall")
     if not stalls:
         return
     saves = [e for e in facts.ev.events_of("checkpoint_io") if e.fields.get("saving")]

@@ -44,6 +44,28 @@ _GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d{2,12}\.\d{1,9}\s{1,4}(\d{1,10}) (
 _PY_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 
 
+# What a checkpoint line says of the save or load it is about, whichever framework printed it (the catalogue's
+# checkpoint rows, probes/catalogue/frameworks.yaml, and the lines this parser reads).
+_CKPT_SAVE = re.compile(
+    r"\b(?:sav(?:e|ed|ing)|writ(?:e|ing|ten)|wrote|stag(?:e|ed|ing)|commit(?:s|ted|ting)?)\b", re.I
+)
+_CKPT_LOAD = re.compile(r"\b(?:load(?:ed|ing)?|restor(?:e|ed|ing))\b", re.I)
+_CKPT_OVER = re.compile(
+    r"\b(?:saved|wrote|written|staged|committed|loaded|restored|finished|done|complete[d]?|failed|died|timed out)\b",
+    re.I,
+)
+_CKPT_AHEAD = re.compile(r"\babout to be saved\b|\bwill be saved\b", re.I)
+
+
+def checkpoint_reading(text: str) -> dict[str, object]:
+    """A checkpoint line's reading: a save (or a load), whether it is over (finished, failed) or under way, and the
+    time the line carries (for the playbooks that put it beside a timeout: playbooks/timeline.py)."""
+    saving = bool(_CKPT_SAVE.search(text)) and not _CKPT_LOAD.search(text)
+    over = bool(_CKPT_OVER.search(text)) and not _CKPT_AHEAD.search(text)
+    when = line_time(text)
+    return {"saving": saving, "done": over, "time": when.isoformat() if when else None}
+
+
 def line_time(text: str) -> datetime | None:
     """The wall-clock time a log line starts with or carries (`2026-02-18 10:28:25,496`), when it has one."""
     m = _PY_TIME.search(text[:120])

@@ -37,8 +37,18 @@ OPTIONAL = frozenset({"flags"})
 # Fields whose text is a number: parsed to int so that playbooks compare ranks, not strings.
 INT_FIELDS = frozenset(
     {"rank", "pid", "device", "xid", "seq", "port", "exitcode", "signal", "timeout_ms", "size", "world_size",
-     "local_rank", "step", "worker", "errno", "gpu", "ran_ms", "timeout_s", "joined"}
+     "local_rank", "step", "worker", "errno", "gpu", "ran_ms", "timeout_s", "joined", "peer_rank",
+     "last_enqueued", "last_completed", "timeout_rank"}
 )  # fmt: skip
+# Fields whose text is a list of ranks (`[2, 5]`, `{7, 19}`, `0-3, 8`): parsed to a list of ints, so that the ranks a
+# line names (stragglers, ranks that never arrived) can be culprits. `value_ranks` is a list of `value/rank` pairs
+# (Megatron's straggler detector): its ranks go to `ranks`.
+RANK_LIST_FIELDS = frozenset({"ranks"})
+_RANK_LIST = re.compile(
+    r"[\[{(]?\s*\d{1,7}(?:\s*-\s*\d{1,7})?(?:\s*[,; ]\s*\d{1,7}(?:\s*-\s*\d{1,7})?){0,4096}\s*,?\s*[\]})]?"
+)
+_RANGE = re.compile(r"(\d{1,7})(?:\s*-\s*(\d{1,7}))?")
+MAX_LISTED = 65536  # a range wider than a job is not a list of its ranks
 MIN_LITERAL = 8
 SCAN_BATCH_CHARS = 8 << 20  # lines scanned at once by match_lines: a bounded copy whatever the input
 MAX_LINE = 8192  # a candidate line longer than this is confirmed on its first MAX_LINE characters
@@ -95,6 +105,12 @@ class Row:
             if value is None:
                 continue
             value = value.strip()
+            if name in RANK_LIST_FIELDS or name == "value_ranks":
+                ranks = rank_list(value, pairs=name == "value_ranks")
+                out[name] = value if ranks is None or name == "value_ranks" else ranks
+                if name == "value_ranks" and ranks:
+                    out["ranks"] = ranks
+                continue
             if name in INT_FIELDS:
                 try:
                     out[name] = int(value, 0) if value.lower().startswith("0x") else int(value)
@@ -103,6 +119,23 @@ class Row:
             else:
                 out[name] = value
         return out
+
+
+def rank_list(text: str, pairs: bool = False) -> list[int] | None:
+    """The ranks a list field names: `[2, 5]`, `{7, 19}`, `0-3, 8` (None when the text is not such a list); with
+    `pairs`, the rank of each `value/rank` pair (`281.10/7, 355.40/19`)."""
+    if pairs:
+        found = [int(r) for r in re.findall(r"/\s*(\d{1,7})\b", text)]
+        return sorted(set(found)) or None
+    if not _RANK_LIST.fullmatch(text.strip()):
+        return None
+    out: set[int] = set()
+    for m in _RANGE.finditer(text):
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo or hi - lo > MAX_LISTED:
+            return None
+        out.update(range(lo, hi + 1))
+    return sorted(out)
 
 
 def literal_run(p: str) -> int:

@@ -63,6 +63,9 @@ _NOT_HOST = re.compile(
     r"(?:Error|Exception|Warning|Interrupt|Exit|Iteration|Traceback|Note|Hint)$|^(?:kernel|localhost6?)$|torch"
 )
 _FENCE = re.compile(r"\s{0,8}(?:```|~~~)")
+# pytest's failure report marks each line of the error it explains with `E` and seven spaces (the line's own
+# indentation follows): `E       Traceback (most recent call last):`, `E         File "x.py", line 3, in f`.
+_PYTEST_E = "E       "
 _ELISION = re.compile(
     r"\s*(?:\.{2,}|…+|\[\s*(?:\.{3}|…|snip\w*)\s*\]|\(\s*(?:\.{3}|…|snip\w*)\s*\)|<\s*(?:\.{3}|snip\w*)\s*>"
     r"|(?:\.{3}|…) ?\(?\d{0,9} ?(?:more )?lines?(?: \w+){0,3}\)?)\s*"
@@ -206,6 +209,8 @@ class Normaliser:
             break
         if text.startswith(">") and (len(text) == 1 or text[1] == " "):
             text = text[2:]  # a markdown quote
+        if text.startswith(_PYTEST_E) or text.rstrip() == "E":
+            text = text[len(_PYTEST_E) :]  # pytest's failure report: `E       ` before each line of the error
         while text.startswith("^C"):
             text = text[2:]  # the terminal's echo of Ctrl-C, before the traceback it caused
         if text.startswith("**") and text[2:3].strip():

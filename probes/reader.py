@@ -936,8 +936,14 @@ def _json_like(head: bytes) -> bool:
     s = head.lstrip()
     if s[:1] == b"{":
         return True
-    # `[` starts py-spy --json output, and also `[rank0]: ...` and `[2024-...] ...` log lines.
+    # `[` starts py-spy --json output, and also `[rank0]: ...` and `[2024-...] ...` log lines, and Open MPI's
+    # process name `[[31705,1],77][btl_openib_component.c:2951:handle_wc] ...` (ORTE_NAME_PRINT: [[job,step],rank]).
+    if _ORTE_NAME.match(s):
+        return False
     return s[:1] == b"[" and s[1:].lstrip()[:1] in (b"{", b"[", b"]")
+
+
+_ORTE_NAME = re.compile(rb"\[\[\d{1,10},\d{1,10}\],\d{1,10}\]")
 
 
 def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = None) -> ReadReport | None:

@@ -223,6 +223,8 @@ def _event(h: Hit, src: Source, marks: dict[str, Any]) -> LogEvent:
         fields["rejoined"] = True
     quote = Quote(src.name, ln.no, (ln.torchrun + h.text)[:2000])
     kind = h.row.event
+    for key, value in DERIVED.get(kind, lambda _text: {})(h.text).items():
+        fields.setdefault(key, value)
     if not NEEDS.get(kind, frozenset()) <= fields.keys():
         kind, fields["signal_event"] = SIGNAL_KIND, kind
     return LogEvent(kind=kind, quote=quote, host=host, rank=rank, pid=pid, fields=fields)
@@ -240,6 +242,17 @@ NEEDS: dict[str, frozenset[str]] = {
     "p2p_matrix": frozenset({"header_quote"}),
 }
 SIGNAL_KIND = "signal"
+
+
+def _checkpoint(text: str) -> dict[str, Any]:
+    from hangdx.probes.app_log import checkpoint_reading
+
+    return checkpoint_reading(text)
+
+
+# Fields a kind's playbooks read that its region parser derives from the line rather than a row's pattern: a row of
+# that kind gets them the same way (a checkpoint row's save, whether it is over, its time: stopped_at_save's).
+DERIVED = {"checkpoint_io": _checkpoint}
 
 # Kinds whose `rank` field names another rank than the one printing (the barrier's absentees): not the speaker.
 _RANK_NAMES_OTHERS = frozenset({"monitored_barrier_timeout", "monitored_barrier_failed", "desync_report"})

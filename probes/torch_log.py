@@ -39,7 +39,9 @@ _PG_RANK = re.compile(
 _WATCHDOG_HEAD = "Watchdog caught collective operation timeout: WorkNCCL("
 _WATCHDOG_END = re.compile(r"\) ran for (\d+) milliseconds")
 _WORK_ARG = re.compile(r"(?<!\w)(\w+(?:\(ms\))?)=([^,)]+)")
-_LAST_ENQ = re.compile(r"last enqueued (?:NCCL )?work: (\d+)")
+# `last enqueued NCCL work: N` (watchdog, periodic update) and `Last enqueued NCCL work: N` (the dump-signal line every
+# rank prints when one rank's watchdog fires: getNCCLWatchdogTimeoutErrorMsg).
+_LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
 _LAST_DONE = re.compile(r"last completed (?:NCCL )?work: (\d+)")
 _LAST_START = re.compile(r"last started (?:NCCL )?work: (\d+)")
 _AT_WORK = re.compile(r"(?:at (?:NCCL )?work|work sequence id): (\d+)")
@@ -288,6 +290,8 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
         where = tb.get("where")
         if where and (tb.get("interrupt") or where[-1][0] in _BLOCKING_CALLS):
             _interrupted(st, where, where[-1][3], key)
+        elif where:
+            _cut_traceback(st, tb, key)
     _close_desync(st)
     _close_torchrun(st)
     _flush_monitored(st)
@@ -398,7 +402,7 @@ def _one(ln: _Line, st: _State) -> None:
     msg = ln.msg
     if "Watchdog caught" in msg:
         _watchdog(ln, st)
-    if "last enqueued" in msg:
+    if "ast enqueued" in msg:
         _work_progress(ln, st)
     if _MISMATCH in msg:
         _mismatch(ln, st)
@@ -557,7 +561,10 @@ def _desync(ln: _Line, st: _State) -> None:
     """TORCH_NCCL_DESYNC_DEBUG's report (TraceUtils.h retrieveDesyncReport): a header, then tab-indented lines."""
     body = ln.body
     head = _DESYNC_HEAD.search(body)
-    lagging = "lagging" in body or "didn't join collective" in body or "didn't finish collective" in body
+    # The report's own lines, not any line with the word (Ray's "lagging heartbeats", a straggler warning).
+    lagging = bool(
+        _DESYNC_NEVER.search(body) or _DESYNC_NOT_JOINED.search(body) or _DESYNC_NOT_FINISHED.search(body)
+    )
     if st.desync is not None and (head or not body[:1].isspace()):
         _close_desync(st)
     if st.desync is None and not (head or lagging):
@@ -927,7 +934,7 @@ def _traceback(ln: _Line, st: _State) -> None:
     if interrupt:
         body = body[2:]
     if body.startswith("Traceback (most recent call last):"):
-        st.tb[key] = {"frames": [], "interrupt": interrupt}
+        st.tb[key] = {"frames": [], "interrupt": interrupt, "start": ln.lineno}
         st.last_exc.pop(key, None)
         return
     head = _IPY_HEAD.match(body) if "Traceback (most recent call last)" in body else None
@@ -969,6 +976,27 @@ def _traceback(ln: _Line, st: _State) -> None:
         st.last_exc[key] = e
     if m["type"] == "KeyboardInterrupt" and tb.get("where"):
         _interrupted(st, tb["where"], ln, key)
+
+
+def _cut_traceback(st: _State, tb: dict, rank: int | None) -> None:
+    """A traceback the paste cut before its exception line: where it ends is all it says. Its frames (innermost
+    first) are read through the taxonomy of waits (probes/waits.yaml): a traceback that ends inside the DataLoader's
+    code, a file read or a collective says the process failed there (`where`), whatever the exception was."""
+    from hangdx.probes import waits
+    from hangdx.probes.model import Frame
+
+    frames = [Frame(func, file, line) for func, file, line, _ in reversed(tb["where"])]
+    wait = waits.classify(frames, idle=True)
+    _add(
+        st,
+        "traceback_cut",
+        tb["where"][-1][3],
+        rank=rank,
+        frames=tb["frames"],
+        where=wait.kind if wait else None,
+        op=wait.op if wait else None,
+        start=tb.get("start"),
+    )
 
 
 def _ipython_exception(body: str, exc_type: str) -> bool:

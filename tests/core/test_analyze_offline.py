@@ -102,9 +102,10 @@ def test_rising_ib_error_counters_are_a_network_fault_on_that_port():
     assert "SymbolErrorCounter" in rc["summary"]
 
 
-def test_nccl_ib_completion_errors_are_a_network_fault_on_that_host():
+def test_nccl_ib_completion_errors_are_a_network_fault_on_that_host_and_its_peer():
     rc = analyze(FIX / "nccl_log/ib_status_2.29.log")["root_cause"]
-    assert rc["category"] == "network_fault" and rc["culprit"]["hosts"] == ["gpu-node-07"]
+    # A completion that failed on the path to 10.20.0.8: both ends of the link are suspects.
+    assert rc["category"] == "network_fault" and rc["culprit"]["hosts"] == ["10.20.0.8", "gpu-node-07"]
 
 
 def test_a_folder_of_misnamed_files_is_read_by_content(tmp_path):

@@ -99,7 +99,8 @@ def test_a_recv_that_fails_in_the_proxy_thread_is_a_network_fault_not_a_set_up_f
     assert {e.fields.get("stage") for e in ev.events_of("nccl_conn_refused", "nccl_warn")} == {"data"}
     rc = v.root_cause
     assert rc.category == "network_fault"
-    assert rc.culprit.hosts == ["worker-23"]  # `23` is a cut prefix, not a host
+    # `23` is a cut prefix, not a host; the peer the receive timed out on is the link's other end.
+    assert rc.culprit.hosts == ["100.96.188.199", "worker-23"]
     assert "100.96.188.199" in rc.summary
     assert "comm_init_failure" not in categories(v)
 

@@ -279,7 +279,8 @@ def test_only_nccls_trace_with_its_remote_error_points_at_the_peer_at_low_confid
         "node1:1234:1290 [0] NCCL INFO transport/net_socket.cc:368 -> 6\n"
     )
     rc = _verdict(tmp_path, text).root_cause
-    assert rc.category == "rank_crashed" and rc.confidence <= 0.45 and not rc.culprit.hosts
+    # The WARN line has its own suggestive row (nccl.socket.connection_closed_legacy): no more than suggestive.
+    assert rc.category == "rank_crashed" and rc.confidence <= 0.5 and not rc.culprit.hosts
     assert "ncclRemoteError" in rc.summary and "the peer that went away" in rc.fix
 
 

@@ -30,17 +30,39 @@ def _meta(side: Path) -> dict:
     return yaml.safe_load(side.read_text())
 
 
-# Dev cases that hangdx still gets wrong, each with why (moved from the sealed set to fix a miss, and not fixed,
-# because the evidence that names the cause is not in any emitter's format: a rule for it would fit that one
-# case). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
+# Dev cases that hangdx still gets wrong, each with why: the evidence that names the cause is not in any
+# emitter's format (a rule for it would fit that one case), or the artifact holds only the waiting side and the
+# cause is in the thread's context (hangdx's `unknown`, with the usual cause and how to confirm it, is the honest
+# answer). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
 # counts them as wrong.
 KNOWN_MISSES = {
+    "collective_mismatch__pytorch-pytorch-97066": "only the program's own prints ('Rank N completed') say the other "
+    "ranks left the all_reduce rank 0 times out in; a rank that skipped it would print the same, and that rank 0 "
+    "passed a bigger tensor is in the reproducer's code",
+    "conditional_collective__deepspeedai-DeepSpeed-2022": "two spinning GPUs in nvidia-smi are the waiting side "
+    "only; which rank left the generate loop, and why, is in the poster's prose",
     "conditional_collective__horovod-horovod-1407": "the culprit rank is named only by the program's own "
     "per-rank batch counts",
-    "dataloader_stall__meta-pytorch-data-659": "a traceback behind pytest's `E` prefix, cut before its exception",
+    "conditional_collective__kyuz0-amd-strix-halo-llm-finetuning-6": "the artifact says only that rank 0's peer "
+    "closed its connection (read as a peer that left, suggestive); that it left because it skipped a rank-0-only "
+    "save is the PR's prose",
+    "conditional_collective__lightseekorg-TorchSpec-126": "the lagging rank's counters are quoted as the reporter "
+    "retyped them ('last completed 21936'), not as ProcessGroupNCCL prints them; its own format is read "
+    "(idle ranks, sequence_divergence)",
+    "io_stall__NVIDIA-NeMo-Automodel-1038": "only the waiting side (two 60 s timeouts in a 1-element all-gather, "
+    "said as a short timeout a slow rank trips); that the missing rank was consolidating a checkpoint is the thread's",
+    "io_stall__instructlab-instructlab-3321": "one watchdog timeout, the waiting side only; the full disk under "
+    "the checkpoint write is the thread's",
+    "io_stall__meta-pytorch-torchtune-2093": "only torchrun's teardown (a SIGABRT exit, SIGTERMs): the waiting "
+    "side; the 16-minute checkpoint save is the thread's",
+    "p2p_deadlock__NVIDIA-nccl-479": "the poster's prose describing the call order, not any emitter's output",
     "p2p_deadlock__hpcaitech-ColossalAI-3383": "a hand-written debug print log, not any library's format",
     "rank_crashed__modelscope-FunASR-2006": "the host is named only through NCCL's local ranks; mapping one to a "
     "global rank would be a guess",
+    "straggler__huggingface-accelerate-223": "one watchdog timeout and the waiting ranks' tracebacks: the "
+    "waiting side only; that rank 0 was evaluating is the reporter's words",
+    "straggler__huggingface-finetrainers-114": "one rank's watchdog timeout, the waiting side only; the "
+    "validation on one GPU is the maintainer's explanation",
 }
 
 
