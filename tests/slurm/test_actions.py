@@ -126,7 +126,7 @@ def test_drain_and_requeue_from_slack_only_for_allowed_users(cluster, redis_url)
             eph = lambda: [c.body.get("text") for c in slack.calls_to("chat.postEphemeral")]  # noqa: E731
             assert bot.wait(lambda: any("requeue" in (t or "") for t in said()), timeout=30), (said(), eph())
             assert "could not" not in said()[-1], said()
-            cluster.wait_state(job, {"PENDING", "REQUEUED", "REQUEUE_HOLD"}, timeout=30)  # pending again
+            cluster.wait_state(job, {"PENDING", "REQUEUED", "REQUEUE_HOLD"})  # pending again
             # A forged button value: `all` (Slurm's every node) or a node the verdict does not name.
             # A replayed confirmation: used once, gone.
             assert _press(bot, "confirm", nonce, ONCALL).status_code == 200
@@ -170,7 +170,7 @@ def test_the_command_line_cancels_and_refuses_what_is_not_a_job_or_a_node(cluste
     r = subprocess.run([sys.executable, "-m", "hangdx", "cancel", job], env=env, capture_output=True, text=True,
                        timeout=60)  # fmt: skip
     assert r.returncode == 0 and r.stdout.strip() == f"job {job} cancelled", r.stderr
-    cluster.wait_state(job, {"CANCELLED", "GONE"}, timeout=20)
+    cluster.wait_state(job, {"CANCELLED", "GONE"})
     with pytest.raises(slurm_actions.ActionError, match="is not a node name"):
         slurm_actions.drain("-oops", "x")
     with pytest.raises(slurm_actions.ActionError, match="is not a"):

@@ -206,14 +206,21 @@ class Cluster:
                 return token.split("=", 1)[1]
         return "GONE"
 
-    def wait_state(self, job: str, states: set[str], timeout: float = 20) -> str:
+    def wait_state(self, job: str, states: set[str], timeout: float = 60) -> str:
+        """Wait until Slurm says `job` is in one of `states`. A wait, not a timing check: slurmctld on a machine
+        whose 2 cores also run another test stream can take tens of seconds to schedule a job."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.state(job)
             if state in states:
                 return state
             time.sleep(0.2)
-        raise AssertionError(f"job {job} still {self.state(job)} after {timeout}s, not {states}")
+        detail = self.run("scontrol", "--oneliner", "show", "job", job, check=False).stdout
+        reason = next((t for t in detail.split() if t.startswith("Reason=")), "Reason=?")
+        node = self.run("sinfo", "-h", "-N", "-o", "%N %T %E", check=False).stdout.strip()
+        raise AssertionError(
+            f"job {job} still {self.state(job)} ({reason}) after {timeout}s, not {states}; nodes: {node}"
+        )
 
     def stop(self) -> None:
         if self.jobs:
