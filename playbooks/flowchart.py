@@ -910,6 +910,7 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
                 "meanings": meanings,
                 "actions": actions,
                 "ranks": ranks,
+                "severe": severe,
             },
             status="hung",
         )

@@ -36,12 +36,21 @@ def test_a_suggestive_xid_points_at_the_gpu_below_a_decisive_one(tmp_path):
     assert rc.category == "gpu_fault" and 0.6 <= rc.confidence < 0.9
 
 
-def test_an_application_xid_names_no_gpu_fault(tmp_path):
-    # Xid 13: a kernel's out-of-range access, NVIDIA's catalog files it under the application.
+def test_an_application_xid_points_at_the_gpu_below_a_hardware_one_and_says_the_code_comes_first(tmp_path):
+    # Xid 13: a kernel's out-of-range access, NVIDIA's catalog files it under the application; the contract counts
+    # Xid errors as gpu_fault. Alone it points there, below a reset-or-service Xid, and never asks for a drain first.
     v = _verdict(
         tmp_path, _xid(13, "pid=48213, name=python, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0)")
     )
-    assert v.root_cause.category == "unknown"
+    rc = v.root_cause
+    assert rc.category == "gpu_fault" and 0.6 <= rc.confidence < 0.9
+    assert "application" in rc.fix and "Restart the job without that node" not in rc.fix
+    assert not any(s.startswith("Drain") for s in rc.next_steps)
+
+
+def test_a_consequence_xid_names_no_gpu_fault(tmp_path):
+    # Xid 45: the driver cleaning up the channels of a process that was killed or faulted before: a consequence.
+    v = _verdict(tmp_path, _xid(45, "pid=48213, name=python, Ch 00000010"))
     assert all(f.category != "gpu_fault" for f in v.findings)
 
 
