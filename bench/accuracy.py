@@ -76,6 +76,7 @@ def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = Fal
     tally: dict[str, list[int]] = {}  # category -> [category right, total, culprit right, culprit named]
     refused = 0  # exit 2: "nothing hangdx can read"
     missed: dict[tuple[str, str], int] = {}  # (expected, answered) -> how many, for --pairs
+    shows: dict[str, list[int]] = {}  # the annotation artifact_shows_cause -> [category right, total]
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".yaml") or (only is not None and name not in only):
             continue
@@ -104,6 +105,13 @@ def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = Fal
         row = tally.setdefault(expected, [0, 0, 0, 0])
         row[0] += found == expected
         row[1] += 1
+        if "artifact_shows_cause" in meta:
+            label = {True: "yes", False: "no"}.get(
+                meta["artifact_shows_cause"], str(meta["artifact_shows_cause"])
+            )
+            by = shows.setdefault(label, [0, 0])
+            by[0] += found == expected
+            by[1] += 1
         if want_ranks or want_hosts:
             row[3] += 1
             row[2] += (
@@ -123,6 +131,15 @@ def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = Fal
         f"{'total':24} {f'{right}/{total}':>15} {f'{cright}/{named}':>14}   ({pct:.0f}% of categories right)"
     )
     print(f"refused as unreadable (exit 2): {refused}/{total}")
+    if shows:
+        # An annotator who writes no rules judged, per case, whether an engineer holding only the artifact could
+        # name the cause the thread confirmed (yes), narrow it to two or three (partly), or not at all (no).
+        print()
+        print(f"{'the artifact alone shows the cause':34} {'category right':>15}")
+        print("-" * 50)
+        for label in ("yes", "partly", "no"):
+            if label in shows:
+                print(f"{label:34} {f'{shows[label][0]}/{shows[label][1]}':>15}")
     if pairs:
         print()
         print(f"{'expected':24} {'answered instead':24} {'cases':>5}")
