@@ -518,8 +518,9 @@ class Console:
 
         def call(req: Any) -> str:
             rq_id = handler(req)
-            with self._rq_lock:
-                self._rq_ids.add(rq_id)
+            if rq_id:  # "" when nothing was queued (a repeated alert on an incident already diagnosed)
+                with self._rq_lock:
+                    self._rq_ids.add(rq_id)
             return rq_id
 
         return call

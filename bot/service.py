@@ -86,9 +86,14 @@ class Service:
 
     def submit(self, req: DiagnoseRequest) -> str:
         """Open (or join) the job's incident, give it one thread, queue the diagnosis (or join the one queued or
-        running); the RQ job id that will answer."""
+        running); the RQ job id that will answer, or "" for a repeated alert on an incident already diagnosed."""
         inc, is_new = self.store.open_or_join(req)
         channel = inc.channel or req.channel or self.cfg.alert_channel
+        if not is_new and req.source == "alert" and inc.diagnosis == "done" and inc.verdicts:
+            # Alertmanager sends a firing group again every repeat_interval: the repeat is on the timeline
+            # (open_or_join), the thread keeps its one verdict. Re-run, /diagnose or a resolved-then-new
+            # alert diagnoses again; a failed or interrupted diagnosis is retried by the repeat.
+            return ""
         rq_id, joined = queue_diagnosis(self.conn, req, self.options(req))
         if is_new:
             self._first_join(inc, req.requested_by)  # who opened it has nothing to announce when asking again

@@ -71,6 +71,24 @@ def test_ten_alerts_for_one_job_within_a_second_make_one_incident_and_one_verdic
     assert FinishedJobRegistry(queue=q).get_job_ids() == list(ids) and FailedJobRegistry(queue=q).count == 0
 
 
+def test_a_repeated_alert_after_the_verdict_is_on_the_timeline_not_a_second_diagnosis(bot, ranks):
+    # Alertmanager resends a firing group every repeat_interval (4 h by default) while the job stays hung.
+    job = ranks.job(f"repeat-{uuid.uuid4().hex[:6]}")
+    bot.serve().workers(1)
+    first = alert(bot.url, job)
+    assert first.status_code == 202 and first.json()["accepted"][0]["id"]
+    wait_verdicts(bot.slack, bot.conn, [job])
+    wait_until(lambda: stuck_rq_jobs(bot.conn) == 0, 30)
+    again = alert(bot.url, job)
+    assert again.status_code == 202 and again.json()["accepted"][0]["id"] == ""
+    settle(1.5)
+    inc = IncidentStore(bot.conn).get(job)
+    events = [e["event"] for e in inc.timeline]
+    assert events.count("request") == 1 and events.count("diagnosis_started") == 1
+    assert len(inc.verdicts) == 1 and len(thread_of(bot.slack, inc.thread_ts)) == 1
+    assert FinishedJobRegistry(queue=queue(bot.conn)).count == 1
+
+
 def test_fifty_incidents_at_once_on_three_workers(bot, ranks, record_property):
     tag = uuid.uuid4().hex[:6]
     jobs = [ranks.job(f"many-{tag}-{i:02d}") for i in range(50)]
