@@ -48,7 +48,7 @@ def _problems(side: Path) -> list[str]:
     if side.stem.split("__", 1)[0] != meta.get("category"):
         out.append("the file name's category differs from the sidecar's")
     if "artifact_shows_cause" in meta:  # an annotator's judgement (README): YAML reads yes/no as booleans
-        if meta["artifact_shows_cause"] not in (True, False, "partly"):
+        if meta["artifact_shows_cause"] not in (True, False, "yes", "partly", "no"):
             out.append("artifact_shows_cause is not yes, partly or no")
         if not meta.get("artifact_shows_cause_why"):
             out.append("artifact_shows_cause without artifact_shows_cause_why")
