@@ -580,13 +580,19 @@ def row_vote(e: LogEvent, category: str | None, structure: bool = False) -> str 
     """How an event counts for `category` (None: for whatever category its row names) in a playbook its kind
     triggers: as the catalogue row that read its line says (`decisive` or `suggestive`; None for a `context` row or
     a row of another category: the row's strength is what the emitter's source says the message means), else, when
-    no row read the line, as its region parser read it (`parser`: the playbook's own reading of the kind).
+    no row read the line, or only a context row of another kind did, as its region parser read it (`parser`: the
+    playbook's own reading of the kind).
 
     `structure`: the kind's parser reads several lines as one event (mpirun's `Process name:` and `Exit code:`, torch
     elastic's failure table), so a row that read one of them does not speak for the event; only a line the
     catalogue alone read is weighed by its row."""
     strength = e.fields.get("signal_strength")
     if strength is None or (structure and not e.fields.get("signal_only")):
+        return "parser"
+    if strength == "context" and e.fields.get("signal_event") not in (None, e.kind):
+        # A context row that read the line as another kind (a generic one: any NCCL WARN, a log prefix) says
+        # nothing of the message the parser recognised: the parser's reading stands. A context row of the
+        # parser's own kind (Xid 45's row for an Xid) is the specific reading, and does not vote.
         return "parser"
     if strength == "context" or (category is not None and e.fields.get("signal_category") != category):
         return None
