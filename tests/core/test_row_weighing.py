@@ -10,7 +10,9 @@ hosts, pids and times, beside a near miss that must not read the same.
 from __future__ import annotations
 
 from hangdx.playbooks import engine
+from hangdx.playbooks.facts import row_vote, votes
 from hangdx.probes.bundle import evidence_from_paths
+from hangdx.probes.model import LogEvent, Quote
 
 
 def _verdict(tmp_path, text: str, name: str = "paste.txt"):
@@ -263,3 +265,32 @@ def test_a_rank_whose_own_counters_show_nothing_in_flight_never_issued_the_colle
                         "last completed NCCL work: 87")  # fmt: skip
     rc = _verdict(tmp_path, near, "near.txt").root_cause
     assert rc.category == "unknown" and not rc.culprit.ranks  # it waits like the rest
+
+
+# -- which row speaks for a line a parser read ------------------------------------------------------------------
+
+
+def _event(kind: str, **marks) -> LogEvent:
+    return LogEvent(kind, Quote("dmesg", 1, "line"), fields=dict(marks))
+
+
+def test_a_generic_context_row_does_not_veto_the_message_a_parser_recognised():
+    # Any NCCL WARN line is a context row (kind nccl_warn); the parser read this one as an IB port error.
+    e = _event("nccl_port_error", signal_row="x", signal_category=None, signal_strength="context",
+               signal_event="nccl_warn")  # fmt: skip
+    assert row_vote(e, "network_fault") == "parser"
+    assert votes([e], "network_fault") == [e]
+
+
+def test_the_specific_context_row_of_the_parsers_own_kind_does_not_vote():
+    # Xid 45's own row (kind xid): the driver's cleanup after an earlier error, a consequence.
+    e = _event(
+        "xid", signal_row="nvidia.xid.45", signal_category=None, signal_strength="context", signal_event="xid"
+    )
+    assert row_vote(e, "gpu_fault") is None and votes([e], "gpu_fault") == []
+
+
+def test_a_row_that_commits_to_another_category_speaks_whatever_its_kind():
+    e = _event("nccl_port_error", signal_row="y", signal_category="rank_crashed", signal_strength="suggestive",
+               signal_event="peer_closed")  # fmt: skip
+    assert row_vote(e, "network_fault") is None and row_vote(e, None) == "suggestive"
