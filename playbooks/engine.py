@@ -240,9 +240,15 @@ def _floor_explained(findings: list[Finding]) -> list[Finding]:
 
 
 def _hardware_explains_crash(findings: list[Finding]) -> None:
-    """A rank that died on a host whose GPU or link failed died of it: the hardware is the root cause."""
+    """A rank that died on a host whose GPU or link failed died of it: the hardware is the root cause.
+
+    Only a fault of the dead rank's own end: a fault the hardware finding pins on other ranks (a survivor whose
+    NCCL reports that its peer closed the connection, the dead rank's departure seen from the other side) does
+    not explain the death, even when both ranks share a host."""
     for crash in [f for f in findings if f.category == "rank_crashed"]:
         for hw in findings:
+            if hw.culprit.ranks and crash.culprit.ranks and not set(hw.culprit.ranks) & set(crash.culprit.ranks):
+                continue
             if hw.category in ("gpu_fault", "network_fault") and set(hw.culprit.hosts) & set(
                 crash.culprit.hosts
             ):

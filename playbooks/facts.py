@@ -455,6 +455,8 @@ def derive(ev: Evidence) -> Facts:
         v.pid = v.pid or d.pid
         v.host = v.host or d.host
         v.locations.append(classify(d, _nearest_state(states.get((d.host, d.pid or -1), []), d.taken_at)))
+    for v in ranks.values():
+        _refine_by_native(v)
     for c in ev.collectives:
         if c.rank is not None:
             view(c.rank).collectives.append(c)
@@ -496,6 +498,30 @@ def derive(ev: Evidence) -> Facts:
         progress_reason=reason,
         missing_hosts=missing_hosts,
     )
+
+
+def _refine_by_native(v: RankView) -> None:
+    """A sample with native frames says what Python-only samples of the same line could not: a main thread busy on
+    one line of its own code may be computing, or spinning in native code that waits (a CUDA synchronisation under
+    `.item()` waits for the NCCL kernels queued before it). Earlier samples at the same call site, read as
+    computing, were in the wait the native sample names (the collector takes a native sample only when the
+    Python samples did not move)."""
+    for i, d in enumerate(v.stacks):
+        main = d.main_thread()
+        loc = v.locations[i] if i < len(v.locations) else None
+        if main is None or loc is None or not any(f.native for f in main.frames):
+            continue
+        if loc.kind in ("compute", "unknown", "idle") or not loc.call_site:
+            continue
+        for j in range(i):
+            other = v.stacks[j].main_thread()
+            if (
+                other is not None
+                and not any(f.native for f in other.frames)
+                and v.locations[j].kind in ("compute", "unknown", "idle")
+                and v.locations[j].call_site == loc.call_site
+            ):
+                v.locations[j] = loc
 
 
 def _infer_hosts(ranks: dict[int, RankView], missing: list[int], ev: Evidence) -> dict[int, str]:

@@ -51,7 +51,7 @@ def _proc_quote(facts: Facts, v: RankView) -> Quote | None:
 
 def _crowd_quotes(facts: Facts, limit: int = 2) -> list[Quote]:
     out: list[Quote] = []
-    for r in facts.crowd_ranks[:limit]:
+    for r in [r for r in facts.crowd_ranks if r in facts.ranks][:limit]:
         out.extend(_loc_quote(facts.ranks[r]))
     return out
 

@@ -18,10 +18,11 @@ The words live in templates/ncclras.j2.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.facts import Facts, Location
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent, Quote
 
@@ -206,6 +207,8 @@ def _lagging(facts: Facts, reports: list[LogEvent]) -> Iterator[Match]:
             prev = _outliers(c, op)
             if prev:
                 evidence += [prev["crowd"]["quote"]] + [g["quote"] for g in prev["odd"]]
+        if o["behind"] and glob and same:
+            yield from _where_behind(facts, o, op, comm)
         yield Match(
             "conditional_collective",
             conf,
@@ -225,6 +228,28 @@ def _lagging(facts: Facts, reports: list[LogEvent]) -> Iterator[Match]:
             },
             status="hung" if same else None,
         )
+
+
+def _where_behind(facts: Facts, o: dict, op: str, comm: dict) -> Iterator[Match]:
+    """The ranks RAS counts as ahead have launched collectives the ranks behind have not: NCCL collectives are
+    asynchronous, so the ranks ahead wait for them on the GPU wherever their CPU is (in `.item()`, at the next
+    step), and their Python stacks need not show a collective at all. When the stacks alone showed no crowd in a
+    collective, take the ranks ahead as the crowd and ask the flowchart's question of the ranks behind: where are
+    they? (a lock, a queue, storage, data: that is the cause, as rank_elsewhere says when the stacks show it)."""
+    from hangdx.playbooks import flowchart
+
+    if facts.crowd is not None and facts.crowd.kind in ("collective", "p2p"):
+        return  # the stacks show the waiting ranks themselves: rank_elsewhere asked already
+    behind = [r for r in o["ranks"] if r in facts.ranks and facts.ranks[r].locations and facts.ranks[r].alive]
+    if not behind:
+        return
+    ahead = o["crowd"]["ranks"] or sorted(set(range(comm.get("size") or 0)) - set(o["ranks"]))
+    crowd = Location("collective", op=op, detail="launched on the GPU, as NCCL RAS counts")
+    records = dataclasses.replace(facts, crowd=crowd, crowd_ranks=sorted(ahead), odd_ranks=behind)
+    for m in flowchart.rank_elsewhere(records):
+        if m.category != "conditional_collective":  # what RAS itself says, below
+            m.evidence += [o["crowd"]["quote"]] + [g["quote"] for g in o["odd"]]
+            yield m
 
 
 # What an error a rank reports to RAS says (ncclResult_t as ncclErrorToString words it). Timeouts and the other

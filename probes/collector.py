@@ -875,6 +875,20 @@ def find_pyspy() -> str | None:
     return candidate if os.access(candidate, os.X_OK) else None
 
 
+_MAIN_THREAD = re.compile(r'^Thread \S+ \((\w+)[^)]*\): "MainThread"\n[ \t]+(\S[^\n]*)', re.M)
+
+
+def _busy_in_place(samples: list[str]) -> bool:
+    """Every sample (at least two) shows the main thread active with the same innermost frame."""
+    tops = set()
+    for text in samples:
+        m = _MAIN_THREAD.search(text)
+        if m is None or m.group(1) != "active":
+            return False
+        tops.add(m.group(2).strip())
+    return len(samples) >= 2 and len(tops) == 1
+
+
 def pyspy_dump(pyspy: str, pid: int, native: bool = False, locals_: bool = False) -> tuple[str, str | None]:
     """py-spy's dump of one process: (stdout, error line or None)."""
     cmd = [pyspy, "dump", "--pid", str(pid)]
@@ -1061,7 +1075,24 @@ def ncclras_reports(procs: list, add, errors: list) -> None:
 
 
 def fetch_fr_trace(socket_path: str, timeout: float = 5.0) -> tuple[str | None, str | None]:
-    """A live rank's Flight Recorder as JSON, from torch's control plane (worker_main's unix socket)."""
+    """A live rank's Flight Recorder as JSON, from torch's control plane (worker_main's unix socket).
+
+    `fr_trace_json` dumps the generic recorder (gloo's); ProcessGroupNCCL keeps its own, served by
+    `dump_nccl_trace_json` (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp's jsonDumpHandler; a CPU-only build
+    has no such handler and answers 404). The NCCL one is asked for when the generic one holds no entries."""
+    body, err = _control_plane(socket_path, "fr_trace_json", timeout)
+    if body is not None and '"entries"' in body:
+        return body, None
+    nccl, nccl_err = _control_plane(
+        socket_path, "dump_nccl_trace_json?includecollectives=true&onlyactive=false", timeout
+    )
+    if nccl is not None and '"entries"' in nccl:
+        return nccl, None
+    return (body, None) if body is not None else (None, err or nccl_err)
+
+
+def _control_plane(socket_path: str, handler: str, timeout: float) -> tuple[str | None, str | None]:
+    """POST /handler/HANDLER on torch's control-plane socket: (body, None) on 200, else (None, why)."""
     import http.client
 
     class UnixConnection(http.client.HTTPConnection):
@@ -1072,7 +1103,7 @@ def fetch_fr_trace(socket_path: str, timeout: float = 5.0) -> tuple[str | None, 
 
     conn = UnixConnection("localhost", timeout=timeout)
     try:
-        conn.request("POST", "/handler/fr_trace_json")
+        conn.request("POST", "/handler/" + handler)
         resp = conn.getresponse()
         body = resp.read(64 << 20).decode("utf-8", "replace")
     except (OSError, http.client.HTTPException) as e:
@@ -1184,6 +1215,24 @@ def collect(
                 stacks[p["pid"]].append(marker + "\n" + text)
         if procs:
             states.extend(sample_process(p, host) for p in procs)
+        if pyspy is not None and not native:
+            # Where Python frames cannot tell: a main thread busy on the same line of its own code in every sample
+            # is computing, or spinning in native code (a CUDA synchronisation under `.item()` waits for the
+            # queued NCCL kernels with the CPU at 100%). One `--native` sample says which.
+            busy = [p for p in procs if p["pid"] not in failed_pyspy and _busy_in_place(stacks[p["pid"]])]
+            futures = {pool.submit(pyspy_dump, pyspy, p["pid"], True, False): p for p in busy}
+            t = time.time()
+            for fut, p in futures.items():
+                text, err = fut.result()
+                if not err:
+                    marker = "# hangdx stack-sample time=%.3f host=%s rank=%s pid=%d role=%s native=1" % (
+                        t,
+                        host,
+                        p["rank"],
+                        p["pid"],
+                        p["role"],
+                    )
+                    stacks[p["pid"]].append(marker + "\n" + text)
     finally:
         pool.shutdown(wait=True)
 

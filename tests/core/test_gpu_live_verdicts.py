@@ -1,0 +1,143 @@
+"""What hangdx concludes from a real hung NCCL job recorded on an H100 (tests/fixtures/gpu_live/README.md).
+
+Rank 1 blocks on a lock its own `metrics-writer` thread holds while that thread waits on a queue; rank 0 has
+queued DDP's and the loss's all-reduces on the GPU and its CPU spins in `.item()` (cudaStreamSynchronize), so its
+Python stack shows only its own line, `train (hung_job.py:58)`, "active". The truth: user_deadlock, rank 1.
+Live, hangdx answered conditional_collective at 0.5 (diagnose.json): the stacks formed no crowd in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from hangdx.probes.collector import _busy_in_place
+
+REC = Path(__file__).parent.parent / "fixtures" / "gpu_live" / "h100_user_deadlock"
+
+
+def analyze(*paths: Path) -> dict:
+    r = subprocess.run(
+        [sys.executable, "-m", "hangdx", "analyze", *map(str, paths), "--json"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)
+
+
+def _samples(path: Path) -> list[str]:
+    return path.read_text().split("# hangdx stack-sample")[1:]
+
+
+def test_the_recorded_live_verdict_is_the_miss_this_fixes():
+    # The record of what hangdx said live on the GPU: kept, not rewritten.
+    live = json.loads((REC / "diagnose.json").read_text())
+    assert live["root_cause"]["category"] == "conditional_collective"
+    assert live["root_cause"]["confidence"] == 0.5
+
+
+def test_ras_counts_make_the_ranks_ahead_the_crowd_and_the_rank_behind_is_where_its_stack_is():
+    # ncclras.txt: "Rank 0 has launched up to operation 20", "Rank 1 has launched up to operation 17";
+    # stacks-rank1: log_metrics (hung_job.py:33) under thread "metrics-writer" in Queue.get.
+    v = analyze(REC / "bundle")
+    rc = v["root_cause"]
+    assert rc["category"] == "user_deadlock", rc
+    assert rc["culprit"]["ranks"] == [1]
+    assert "log_metrics (hung_job.py:33)" in rc["summary"]
+    assert "metrics-writer" in rc["summary"]
+    assert any("operation 17" in e["text"] for f in v["findings"] for e in f["evidence"])
+
+
+def test_a_native_sample_shows_the_busy_rank_waits_in_a_cuda_synchronisation(tmp_path):
+    # What the collector now adds when a main thread is active on one line in every sample: a `--native` dump.
+    # Here the real `py-spy dump --native` of rank 0 (pyspy-native.522.txt) is appended as that sample, and the
+    # RAS reports are left out, so that the stacks alone must say it.
+    bundle = tmp_path / "bundle"
+    shutil.copytree(REC / "bundle", bundle)
+    for f in (bundle / "vm").glob("ncclras*"):
+        f.unlink()
+    stacks = bundle / "vm" / "stacks-rank0-pid522.txt"
+    with stacks.open("a") as out:
+        out.write("\n# hangdx stack-sample time=1795801811.000 host=vm rank=0 pid=522 role=rank native=1\n")
+        out.write((REC / "pyspy-native.522.txt").read_text())
+    v = analyze(bundle)
+    rc = v["root_cause"]
+    assert rc["category"] == "user_deadlock", rc
+    assert rc["culprit"]["ranks"] == [1]
+    assert "CUDA synchronisation" in rc["summary"]  # rank 0: cudaStreamSynchronize under at::native::item
+    assert v["status"] == "hung"
+
+
+def test_without_ras_or_native_frames_the_stacks_alone_do_not_invent_a_cause(tmp_path):
+    # Python frames only: rank 0 "running its own code" at one line, rank 1 on a lock. No crowd waits in a
+    # collective, so no playbook may call rank 1 the one that holds the others (nothing shows they wait).
+    bundle = tmp_path / "bundle"
+    shutil.copytree(REC / "bundle", bundle)
+    for f in (bundle / "vm").glob("ncclras*"):
+        f.unlink()
+    v = analyze(bundle)
+    assert v["root_cause"]["category"] not in ("conditional_collective", "gpu_fault", "network_fault")
+
+
+def test_the_collector_asks_for_native_frames_only_where_python_frames_cannot_tell():
+    # rank 0: 'Thread 522 (active): "MainThread"' at 'train (hung_job.py:58)' in all three samples;
+    # rank 1: 'Thread 523 (idle): "MainThread"' at log_metrics: py-spy's Python frames already say it waits.
+    assert _busy_in_place(_samples(REC / "bundle" / "vm" / "stacks-rank0-pid522.txt"))
+    assert not _busy_in_place(_samples(REC / "bundle" / "vm" / "stacks-rank1-pid523.txt"))
+    one = _samples(REC / "bundle" / "vm" / "stacks-rank0-pid522.txt")[:1]
+    assert not _busy_in_place(one)  # one sample cannot show that it did not move
+
+
+def test_live_flight_recorder_asks_the_nccl_handler_when_the_generic_one_is_empty(tmp_path):
+    # A CUDA job's control plane: `fr_trace_json` answers the generic recorder, empty for an NCCL job (the body
+    # below is what it answered on the H100, bundle/vm/fr-rank0.json); ProcessGroupNCCL's own recorder is
+    # `dump_nccl_trace_json`. A CPU build has no such handler (404): the generic answer then stands.
+    import http.server
+    import socketserver
+    import threading
+
+    from hangdx.probes.collector import fetch_fr_trace
+
+    empty = (REC / "bundle" / "vm" / "fr-rank0.json").read_text()
+    asked: list[str] = []
+    nccl = {"answer": (200, '{"version": "2.10", "entries": [{"collective_seq_id": 23}]}')}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            asked.append(self.path)
+            code, body = (200, empty) if self.path == "/handler/fr_trace_json" else nccl["answer"]
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+        def address_string(self):
+            return "unix"
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    sock = str(tmp_path / "rank0.sock")
+    server = Server(sock, Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        body, err = fetch_fr_trace(sock)
+        assert err is None and '"collective_seq_id": 23' in body
+        assert asked == [
+            "/handler/fr_trace_json",
+            "/handler/dump_nccl_trace_json?includecollectives=true&onlyactive=false",
+        ]
+        nccl["answer"] = (404, "Handler not found: dump_nccl_trace_json")
+        body, err = fetch_fr_trace(sock)
+        assert err is None and body == empty
+    finally:
+        server.shutdown()
+        server.server_close()
