@@ -19,8 +19,11 @@ The report, as drivers 410 to 580 print it (key widths differ, the layout does n
         Remapped Rows
             Pending                           : Yes
             Remapping Failure Occurred        : No
-        GPU Reset Status
+        GPU Reset Status                      (until 550; 580 prints `GPU Recovery Action : None` instead)
             Reset Required                    : No
+        GPU Power Readings
+            Power Draw                        : 21.30 W   (580: `Average Power Draw`, `Instantaneous Power Draw`)
+            Current Power Limit               : 150.00 W
 
 Sections nest by indentation; a key is read with the sections above it, so `Pending` under `Remapped
 Rows` is a pending row remap and under `Retired Pages` a pending page retirement.
@@ -30,9 +33,10 @@ Processes section). What NVIDIA's memory-error and debug guides call a fault bec
 "gpu_memory_error" (bus_id, uuid, problem, meaning, action, severity), quoting the line that says it:
 uncorrectable ECC errors in the volatile counters (this boot; the aggregate counters are the GPU's
 history and only add to the words), a pending or failed row remap, a page pending retirement, a reset
-required. A GPU whose clocks are held down by hardware (HW Slowdown, HW Thermal / Power Brake Slowdown,
-SW Thermal Slowdown Active) becomes a LogEvent "gpu_throttled" (bus_id, uuid, reasons). A piece with no
-`GPU <bus id>` line above it yields the same events without a bus id.
+required, a `GPU Recovery Action` other than None (Reset, Reboot, Drain P2P, Drain and Reset). A GPU whose
+clocks are held down by hardware (HW Slowdown, HW Thermal / Power Brake Slowdown, SW Thermal Slowdown Active)
+becomes a LogEvent "gpu_throttled" (bus_id, uuid, reasons). A piece with no `GPU <bus id>` line above it yields
+the same events without a bus id.
 """
 
 from __future__ import annotations
@@ -81,6 +85,21 @@ _KEYS = {
     "gpu uuid",
     "reset required",
     "drain and reset recommended",
+    "gpu recovery action",
+}
+# `GPU Power Readings`: drivers up to 550 print one `Power Draw`; later ones (580 here) print `Average Power Draw`
+# and `Instantaneous Power Draw` instead. The average comes first, as `--query-gpu=power.draw` (the 1 s average on
+# Ampere and later) would give it. The limit in force is `Current Power Limit` (`Enforced Power Limit` on older drivers).
+_POWER_DRAW = ("power draw", "average power draw", "instantaneous power draw")
+_POWER_LIMIT = ("current power limit", "enforced power limit")
+# `GPU Recovery Action` (a top-level key of recent drivers' reports, 580 here, in place of `GPU Reset Status`): the
+# action NVML_FI_DEV_GET_GPU_RECOVERY_ACTION asks for after an uncorrectable error, as NVIDIA's GPU memory error
+# management guide ("Error Recovery and Response Flags") names them. `None` (and N/A) asks for nothing.
+_RECOVERY = {
+    "reset": "recovery_reset",
+    "reboot": "recovery_reboot",
+    "drain p2p": "recovery_drain_p2p",
+    "drain and reset": "recovery_drain_and_reset",
 }
 _THROTTLE = ("hw slowdown", "hw thermal slowdown", "hw power brake slowdown", "sw thermal slowdown")
 
@@ -109,6 +128,26 @@ _PROBLEMS = {
     "reset_required": (
         "the driver says the GPU needs a reset after an unrecoverable error",
         "Drain the node and reset the GPU (nvidia-smi -r) or reboot it.",
+        "error",
+    ),
+    "recovery_reset": (
+        "the driver's recovery action is Reset: the GPU hit a fault that only a GPU reset recovers from",
+        "Stop every process on the GPU, reset it (nvidia-smi -r), then start new processes.",
+        "error",
+    ),
+    "recovery_reboot": (
+        "the driver's recovery action is Reboot: a GPU fault may have left the OS in an inconsistent state",
+        "Drain the node and reboot it.",
+        "critical",
+    ),
+    "recovery_drain_p2p": (
+        "the driver's recovery action is Drain P2P: a GPU fault requires all peer-to-peer traffic to be quiesced",
+        "Stop the processes that use peer-to-peer traffic on this GPU, then query the recovery action again.",
+        "error",
+    ),
+    "recovery_drain_and_reset": (
+        "the driver's recovery action is Drain and Reset: a GPU fault requires peer-to-peer traffic drained and a reset",
+        "Drain the node, stop every process on the GPU and reset it (nvidia-smi -r) or reboot.",
         "error",
     ),
 }
@@ -225,9 +264,16 @@ class _Parser:
             gpu.util_pct = _num(value)
         elif where == "fb memory usage" and key in ("total", "used") and gpu is not None:
             setattr(gpu, "mem_total_mib" if key == "total" else "mem_used_mib", _num(value))
-        elif where.endswith("power readings") and key == "power draw" and gpu is not None:
+        elif where.endswith("power readings") and key in _POWER_DRAW and gpu is not None:
             if gpu.power_w is None and not where.startswith(("gpu memory", "module")):
                 gpu.power_w = _num(value)
+        elif where.endswith("power readings") and key in _POWER_LIMIT and gpu is not None:
+            if gpu.power_limit_w is None and not where.startswith(("gpu memory", "module")):
+                gpu.power_limit_w = _num(value)
+        elif key == "gpu recovery action" and not path:
+            problem = _RECOVERY.get(_key(value))
+            if problem is not None:
+                b.problems.append((problem, self.quote(no, raw), {"recovery_action": value}))
         elif key == "process id" and "processes" in path and gpu is not None:
             n = _num(value)
             if n is not None and int(n) not in gpu.pids:
