@@ -247,7 +247,11 @@ def _hardware_explains_crash(findings: list[Finding]) -> None:
     not explain the death, even when both ranks share a host."""
     for crash in [f for f in findings if f.category == "rank_crashed"]:
         for hw in findings:
-            if hw.culprit.ranks and crash.culprit.ranks and not set(hw.culprit.ranks) & set(crash.culprit.ranks):
+            if (
+                hw.culprit.ranks
+                and crash.culprit.ranks
+                and not set(hw.culprit.ranks) & set(crash.culprit.ranks)
+            ):
                 continue
             if hw.category in ("gpu_fault", "network_fault") and set(hw.culprit.hosts) & set(
                 crash.culprit.hosts

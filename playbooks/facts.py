@@ -602,6 +602,24 @@ def _fmt(ranks: list[int]) -> str:
     return number_set(ranks)
 
 
+def watchdog_abort(ev: Evidence, crash: LogEvent) -> bool:
+    """A SIGABRT that ProcessGroupNCCL's watchdog raised itself: after a collective timed out or NCCL reported an
+    error, it says "To avoid data inconsistency, we are taking the entire process down" and rethrows, and the
+    uncaught c10::DistBackendError ends in std::terminate (ProcessGroupNCCL.cpp, Watchdog::run). That abort is the
+    consequence of what the watchdog caught, which its own lines name; it is no cause of its own."""
+    if crash.fields.get("signal") != "SIGABRT":
+        return False
+    src = crash.quote.source if crash.quote else None
+    for e in ev.events_of("nccl_teardown", "process_abort"):
+        same = (crash.rank is not None and e.rank == crash.rank) or (
+            e.quote is not None and e.quote.source == src
+        )
+        text = e.quote.text if e.quote else ""
+        if same and ("taking the entire process down" in text or "DistBackendError" in text):
+            return True
+    return False
+
+
 def row_vote(e: LogEvent, category: str | None, structure: bool = False) -> str | None:
     """How an event counts for `category` (None: for whatever category its row names) in a playbook its kind
     triggers: as the catalogue row that read its line says (`decisive` or `suggestive`; None for a `context` row or

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts, RankView, call_site, row_vote, user_frame, votes
+from hangdx.playbooks.facts import Facts, RankView, call_site, row_vote, user_frame, votes, watchdog_abort
 from hangdx.playbooks.signals import (
     aborted,
     after_a_crash,
@@ -1081,7 +1081,9 @@ def rank_exception(facts: Facts) -> Iterator[Match]:
         return
     excs = [e for e in facts.ev.events_of("exception") if e.rank is not None and not _is_comm_error(e)]
     # Deaths a process announces itself: a CUDA OOM, a CUDA error (illegal access), a segfault, the OOM killer.
-    excs += [e for e in facts.ev.events_of(*_FATAL_KINDS) if e.rank is not None]
+    excs += [
+        e for e in facts.ev.events_of(*_FATAL_KINDS) if e.rank is not None and not watchdog_abort(facts.ev, e)
+    ]
     timeouts = facts.ev.events_of("watchdog_timeout", "gloo_timeout", "connection_closed")
     victims = {e.rank for e in timeouts if e.rank is not None}
     fatal_ranks = {e.rank for e in excs if e.kind in _FATAL_KINDS}

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts, _norm
+from hangdx.playbooks.facts import Facts, _norm, watchdog_abort
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent, ProcessState, Quote
 
@@ -59,6 +59,7 @@ def _short(where: str | None) -> str | None:
 def fatal_signal(facts: Facts) -> Iterator[Match]:
     """Did a process print Python's own crash report (faulthandler: `Fatal Python error: Segmentation fault`)?"""
     crashes = [e for e in facts.ev.events_of("segfault") if e.fields.get("origin") == "faulthandler"]
+    crashes = [e for e in crashes if not watchdog_abort(facts.ev, e)]
     if not crashes:
         return
     ranks = sorted({e.rank for e in crashes if e.rank is not None})

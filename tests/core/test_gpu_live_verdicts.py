@@ -141,3 +141,46 @@ def test_live_flight_recorder_asks_the_nccl_handler_when_the_generic_one_is_empt
     finally:
         server.shutdown()
         server.server_close()
+
+
+REC2 = REC.parent / "h100_user_deadlock_2"
+KILLED = REC.parent / "h100_rank_killed"
+
+
+def test_second_run_live_verdict_was_right_and_reads_back_the_same():
+    # Recorded with the native sample (rank 0's last sample, "native=1") and the NCCL Flight Recorder fetched live.
+    live = json.loads((REC2 / "diagnose.json").read_text())
+    assert live["root_cause"]["category"] == "user_deadlock"
+    assert live["root_cause"]["culprit"]["ranks"] == [1]
+    assert "native=1" in (REC2 / "bundle" / "vm" / "stacks-rank0-pid519.txt").read_text()
+    fr = json.loads((REC2 / "bundle" / "vm" / "fr-rank0.json").read_text())
+    assert fr["comm_lib_version"] == "2.28.9" and fr["entries"]  # ProcessGroupNCCL's own recorder, not the generic
+    v = analyze(REC2 / "bundle")
+    assert v["root_cause"]["category"] == "user_deadlock"
+    assert v["root_cause"]["culprit"]["ranks"] == [1]
+
+
+def test_a_killed_rank_is_the_cause_not_the_link_its_survivor_saw_close():
+    # bundle: rank 1's process is gone (WORLD_SIZE=2, one rank found); nccl-rank0.log: "socketProgress: Connection
+    # closed by remote peer"; ncclras.txt: "Missing communicator data from 1 rank ... Rank 1".
+    live = json.loads((KILLED / "diagnose.json").read_text())
+    assert live["root_cause"]["category"] == "network_fault"  # the record of the miss
+    v = analyze(KILLED / "bundle")
+    rc = v["root_cause"]
+    assert rc["category"] == "rank_crashed", rc
+    assert rc["culprit"]["ranks"] == [1]
+    assert not any(f["category"] == "network_fault" and f["confidence"] >= rc["confidence"] for f in v["findings"])
+
+
+def test_the_watchdogs_own_abort_is_not_the_crash_that_caused_it():
+    # rank0.stderr.txt: "ncclRemoteError: ... a remote process exiting prematurely", then "To avoid data
+    # inconsistency, we are taking the entire process down" and "Fatal Python error: Aborted". Rank 0 aborted
+    # itself because its peer died: rank 0 is not the culprit.
+    v = analyze(KILLED / "rank0.stderr.txt")
+    rc = v["root_cause"]
+    assert rc["category"] == "rank_crashed"
+    assert 0 not in rc["culprit"]["ranks"]
+    # The timed-out job of the first run: its SIGABRT is the watchdog's too; the rank behind stays the culprit.
+    v = analyze(REC / "torchrun.stderr.txt")
+    assert v["root_cause"]["culprit"]["ranks"] == [1]
+    assert not any(f["category"] == "rank_crashed" and f["culprit"]["ranks"] == [0] for f in v["findings"])
