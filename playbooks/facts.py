@@ -482,7 +482,7 @@ def derive(ev: Evidence) -> Facts:
 
     missing_hosts = _infer_hosts(ranks, missing, ev)
     located = {r: v.location for r, v in ranks.items() if v.locations and v.alive}
-    crowd, crowd_ranks, odd = _crowd(located)
+    crowd, crowd_ranks, odd = _crowd(located, _behind_by_ras(ev))
     progressing, reason = _progress(ranks, crowd_ranks)
     return Facts(
         ev=ev,
@@ -557,12 +557,46 @@ def _infer_hosts(ranks: dict[int, RankView], missing: list[int], ev: Evidence) -
 _WAITING = ("collective", "p2p", "init", "store")
 
 
-def _crowd(located: dict[int, Location]) -> tuple[Location | None, list[int], list[int]]:
-    """The place most ranks are (ties go to a collective), and the ranks that are elsewhere."""
+def _behind_by_ras(ev: Evidence) -> set[int]:
+    """The ranks NCCL RAS's newest report counts behind the others in the job's widest communicator (fewer
+    operations of a collective type launched): the ones the others wait for."""
+    reports = ev.events_of("ncclras_report")
+    comms = (reports[-1].fields.get("comms") or []) if reports else []
+    widest = max([c.get("size") or 0 for c in comms] + [0])
+    behind: set[int] = set()
+    for c in comms:
+        if (c.get("size") or 0) != widest:
+            continue
+        for count in (c.get("counts") or {}).values():
+            groups = count.get("groups") or []
+            if len(groups) < 2:
+                continue
+            top = max(g["value"] for g in groups)
+            behind |= {r for g in groups if g["value"] < top for r in (g.get("ranks") or {})}
+    return behind
+
+
+def _crowd(
+    located: dict[int, Location], behind: set[int] | frozenset[int] = frozenset()
+) -> tuple[Location | None, list[int], list[int]]:
+    """The place most ranks are (ties go to a collective), and the ranks that are elsewhere. Between places as
+    full as each other, both waits, the ranks that the collective records count behind are not the crowd: the
+    others wait for them (two ranks, one in evaluate()'s all-reduce and one in the training step's)."""
     if not located:
         return None, [], []
     counts = Counter(loc.key for loc in located.values())
-    best = max(counts.items(), key=lambda kv: (kv[1], kv[0][0] in _WAITING, kv[0][0] == "collective"))[0]
+    at: dict[tuple, set[int]] = {}
+    for r, loc in located.items():
+        at.setdefault(loc.key, set()).add(r)
+    best = max(
+        counts.items(),
+        key=lambda kv: (
+            kv[1],
+            kv[0][0] in _WAITING,
+            not (at[kv[0]] & behind),
+            kv[0][0] == "collective",
+        ),
+    )[0]
     crowd_ranks = sorted(r for r, loc in located.items() if loc.key == best)
     odd = sorted(r for r in located if r not in crowd_ranks)
     return located[crowd_ranks[0]], crowd_ranks, odd

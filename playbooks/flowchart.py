@@ -264,6 +264,11 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
     if events:
         e = events[0]
         per_rank = e.fields.get("per_rank") or {}
+        if _apart_by_stacks(facts):
+            # The stacks show the ranks in collectives at different lines of their code: the sizes NCCL found
+            # unequal are those of two different calls that met (a rank left the loop, or added a call), which is
+            # rank_elsewhere's finding, with its culprit, not a disagreement within one call.
+            return
         apart = _not_in_the_same_call(e)
         if apart:
             # Not one call the ranks disagree on: they are at different points of their collective sequences.
@@ -397,6 +402,20 @@ _P2P_OPS = ("send", "recv")
 # authoritative rank): the model is replicated and DDP checked its shapes at construction, so every rank that runs
 # them runs the same call. A rank reported inconsistent there is matched against a rank that is not in it at all.
 _DDP_OWN_SYNC = re.compile(r"_broadcast_coalesced|_sync_buffers|_sync_params|_sync_module_buffers")
+
+
+def _apart_by_stacks(facts: Facts) -> list[int]:
+    """Live stacks with some rank in a collective at another line of code than the crowd's collective."""
+    crowd = facts.crowd
+    if crowd is None or crowd.kind != "collective" or not crowd.call_site:
+        return []
+    return [
+        r
+        for r in facts.odd_ranks
+        if facts.ranks[r].location.kind == "collective"
+        and facts.ranks[r].location.call_site
+        and facts.ranks[r].location.call_site != crowd.call_site
+    ]
 
 
 def _not_in_the_same_call(e) -> str:

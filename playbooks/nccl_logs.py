@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts
+from hangdx.playbooks.facts import Facts, row_vote
 from hangdx.playbooks.signals import lost_peer, peer_host
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import CollectiveRecord, LogEvent, Quote
@@ -76,7 +76,14 @@ def nccl_setup_failed(facts: Facts) -> Iterator[Match]:
 def nccl_socket_fault(facts: Facts) -> Iterator[Match]:
     """Did an NCCL socket send or receive fail on the data path (the proxy thread), after set-up?"""
     events = [e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "data"]
-    failures = [e for e in events if not _TRACE_ONLY.match(str(e.fields.get("message") or ""))]
+    # A line whose catalogue row names another cause is not a socket fault: NCCL's `message truncated` is its size
+    # check between matched operations (net_socket.cc returns ncclInvalidUsage: a collective size mismatch).
+    failures = [
+        e
+        for e in events
+        if not _TRACE_ONLY.match(str(e.fields.get("message") or ""))
+        and row_vote(e, "network_fault") is not None
+    ]
     if not failures:
         return
     ranks = sorted({e.rank for e in failures if e.rank is not None})

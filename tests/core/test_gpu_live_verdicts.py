@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hangdx.probes.collector import _busy_in_place
 
 REC = Path(__file__).parent.parent / "fixtures" / "gpu_live" / "h100_user_deadlock"
@@ -154,7 +156,9 @@ def test_second_run_live_verdict_was_right_and_reads_back_the_same():
     assert live["root_cause"]["culprit"]["ranks"] == [1]
     assert "native=1" in (REC2 / "bundle" / "vm" / "stacks-rank0-pid519.txt").read_text()
     fr = json.loads((REC2 / "bundle" / "vm" / "fr-rank0.json").read_text())
-    assert fr["comm_lib_version"] == "2.28.9" and fr["entries"]  # ProcessGroupNCCL's own recorder, not the generic
+    assert (
+        fr["comm_lib_version"] == "2.28.9" and fr["entries"]
+    )  # ProcessGroupNCCL's own recorder, not the generic
     v = analyze(REC2 / "bundle")
     assert v["root_cause"]["category"] == "user_deadlock"
     assert v["root_cause"]["culprit"]["ranks"] == [1]
@@ -169,7 +173,9 @@ def test_a_killed_rank_is_the_cause_not_the_link_its_survivor_saw_close():
     rc = v["root_cause"]
     assert rc["category"] == "rank_crashed", rc
     assert rc["culprit"]["ranks"] == [1]
-    assert not any(f["category"] == "network_fault" and f["confidence"] >= rc["confidence"] for f in v["findings"])
+    assert not any(
+        f["category"] == "network_fault" and f["confidence"] >= rc["confidence"] for f in v["findings"]
+    )
 
 
 def test_the_watchdogs_own_abort_is_not_the_crash_that_caused_it():
@@ -184,3 +190,36 @@ def test_the_watchdogs_own_abort_is_not_the_crash_that_caused_it():
     v = analyze(REC / "torchrun.stderr.txt")
     assert v["root_cause"]["culprit"]["ranks"] == [1]
     assert not any(f["category"] == "rank_crashed" and f["culprit"]["ranks"] == [0] for f in v["findings"])
+
+
+@pytest.mark.parametrize(
+    "folder, category, ranks, live_category, live_ranks",
+    [
+        # rank 0 alone in evaluate()'s all-reduce (stacks-rank0: "evaluate (hung_job.py:48)"), rank 1 in step 6's;
+        # ncclras-v.txt: "Rank 0 has launched up to operation 17", "Rank 1 ... 20".
+        ("h100_eval_rank0", "conditional_collective", [0], "conditional_collective", [1]),
+        # stacks-rank1: the worker's Shard.__getitem__ (hung_job.py:63) blocked in futex.
+        ("h100_dataloader_worker", "dataloader_stall", [1], "dataloader_stall", [1]),
+        # stacks-rank1: "barrier (torch/distributed/distributed_c10d.py:5030)" under train (hung_job.py:122);
+        # nccl-rank1.log: "NET/Socket : peer 127.0.0.1<41724> message truncated".
+        ("h100_uneven_barrier", "conditional_collective", [1], "collective_mismatch", [0]),
+    ],
+)
+def test_recorded_gpu_hangs(folder, category, ranks, live_category, live_ranks):
+    rec = REC.parent / folder
+    live = json.loads((rec / "diagnose.json").read_text())
+    assert (live["root_cause"]["category"], live["root_cause"]["culprit"]["ranks"]) == (
+        live_category,
+        live_ranks,
+    )
+    v = analyze(rec / "bundle")
+    rc = v["root_cause"]
+    assert (rc["category"], rc["culprit"]["ranks"]) == (category, ranks), rc
+    assert v["status"] == "hung"
+
+
+def test_nccl_message_truncated_is_no_socket_fault():
+    # net_socket.cc: a peer sent more bytes than the matching receive posted; it returns ncclInvalidUsage.
+    v = analyze(REC.parent / "h100_uneven_barrier" / "nccl.rank1.log")
+    assert v["root_cause"]["category"] != "network_fault"
+    assert not any(f["category"] == "network_fault" for f in v["findings"])
