@@ -200,6 +200,8 @@ def test_the_watchdogs_own_abort_is_not_the_crash_that_caused_it():
         ("h100_eval_rank0", "conditional_collective", [0], "conditional_collective", [1]),
         # stacks-rank1: the worker's Shard.__getitem__ (hung_job.py:63) blocked in futex.
         ("h100_dataloader_worker", "dataloader_stall", [1], "dataloader_stall", [1]),
+        # stacks-rank1: save_checkpoint (hung_job.py:89) in torch.save, processes: openat on a FIFO.
+        ("h100_checkpoint_fifo", "io_stall", [1], "io_stall", [1]),
         # stacks-rank1: "barrier (torch/distributed/distributed_c10d.py:5030)" under train (hung_job.py:122);
         # nccl-rank1.log: "NET/Socket : peer 127.0.0.1<41724> message truncated".
         ("h100_uneven_barrier", "conditional_collective", [1], "collective_mismatch", [0]),
