@@ -878,6 +878,17 @@ def find_pyspy() -> str | None:
 _MAIN_THREAD = re.compile(r'^Thread \S+ \((\w+)[^)]*\): "MainThread"\n[ \t]+(\S[^\n]*)', re.M)
 
 
+def _sample_marker(t: float, host: str, p: dict) -> str:
+    """The line before each py-spy dump in a stacks file: when, where, and whose (probes/pyspy.py reads it)."""
+    return "# hangdx stack-sample time=%.3f host=%s rank=%s pid=%d role=%s" % (
+        t,
+        host,
+        p["rank"],
+        p["pid"],
+        p["role"],
+    )
+
+
 def _busy_in_place(samples: list[str]) -> bool:
     """Every sample (at least two) shows the main thread active with the same innermost frame."""
     tops = set()
@@ -1205,14 +1216,7 @@ def collect(
                         err = "py-spy may not read pid %d: %s (%s)" % (p["pid"], err, _ptrace_hint())
                     errors.append({"source": "py-spy pid %d" % p["pid"], "message": err})
                     continue
-                marker = "# hangdx stack-sample time=%.3f host=%s rank=%s pid=%d role=%s" % (
-                    t,
-                    host,
-                    p["rank"],
-                    p["pid"],
-                    p["role"],
-                )
-                stacks[p["pid"]].append(marker + "\n" + text)
+                stacks[p["pid"]].append(_sample_marker(t, host, p) + "\n" + text)
         if procs:
             states.extend(sample_process(p, host) for p in procs)
         if pyspy is not None and not native:
@@ -1225,14 +1229,7 @@ def collect(
             for fut, p in futures.items():
                 text, err = fut.result()
                 if not err:
-                    marker = "# hangdx stack-sample time=%.3f host=%s rank=%s pid=%d role=%s native=1" % (
-                        t,
-                        host,
-                        p["rank"],
-                        p["pid"],
-                        p["role"],
-                    )
-                    stacks[p["pid"]].append(marker + "\n" + text)
+                    stacks[p["pid"]].append(_sample_marker(t, host, p) + " native=1\n" + text)
     finally:
         pool.shutdown(wait=True)
 
