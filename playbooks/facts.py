@@ -425,6 +425,7 @@ def _nearest_state(states: list[ProcessState], t: float | None) -> ProcessState 
 
 def derive(ev: Evidence) -> Facts:
     """All facts a playbook may ask about."""
+    _name_ranks_by_ras(ev)
     states = _states_by_pid(ev)
     ranks: dict[int, RankView] = {}
 
@@ -498,6 +499,35 @@ def derive(ev: Evidence) -> Facts:
         progress_reason=reason,
         missing_hosts=missing_hosts,
     )
+
+
+def _name_ranks_by_ras(ev: Evidence) -> None:
+    """Stacks pasted without a rank (a bare `py-spy dump`) take the rank NCCL RAS gives their process: its report
+    names each rank of the job's widest communicator with its host and pid. Only a pid RAS names once, and that
+    no stacks from two hosts share."""
+    unranked = [d for d in ev.stacks if d.rank is None and d.pid is not None and d.role == "rank"]
+    reports = ev.events_of("ncclras_report") if unranked else []
+    if not reports:
+        return
+    comms = reports[-1].fields.get("comms") or []
+    widest = max([c.get("size") or 0 for c in comms] + [0])
+    named: dict[int, set[int]] = {}
+    for c in comms:
+        if (c.get("size") or 0) != widest:
+            continue
+        for count in (c.get("counts") or {}).values():
+            for g in count.get("groups") or []:
+                for r, info in (g.get("ranks") or {}).items():
+                    pid = info.get("pid") if isinstance(info, dict) else None
+                    if isinstance(pid, int) and isinstance(r, int):
+                        named.setdefault(pid, set()).add(r)
+    hosts_of_pid: dict[int, set] = {}
+    for d in ev.stacks:
+        hosts_of_pid.setdefault(d.pid, set()).add(d.host)
+    for d in unranked:
+        ranks = named.get(d.pid) or set()
+        if len(ranks) == 1 and len(hosts_of_pid.get(d.pid, ())) == 1:
+            d.rank = next(iter(ranks))
 
 
 def _refine_by_native(v: RankView) -> None:

@@ -225,3 +225,13 @@ def test_nccl_message_truncated_is_no_socket_fault():
     v = analyze(REC.parent / "h100_uneven_barrier" / "nccl.rank1.log")
     assert v["root_cause"]["category"] != "network_fault"
     assert not any(f["category"] == "network_fault" for f in v["findings"])
+
+
+def test_pasted_native_dumps_take_their_ranks_from_nccl_ras():
+    # What a user pastes: two bare `py-spy dump --native` (pids 522 and 523, no rank) and `ncclras -v`, whose
+    # report names "Rank 1 ... process 523 on node 127.0.0.1". Rank 1 waits on a lock (PyThread_acquire_lock_timed
+    # under log_metrics), rank 0 in cudaStreamSynchronize under at::native::item.
+    v = analyze(REC / "pyspy-native.522.txt", REC / "pyspy-native.523.txt", REC / "ncclras-v.txt")
+    rc = v["root_cause"]
+    assert rc["category"] == "user_deadlock", rc
+    assert rc["culprit"]["ranks"] == [1]
