@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
-from hangdx.playbooks.facts import Facts, row_vote
+from hangdx.playbooks.facts import Facts
 from hangdx.playbooks.signals import lost_peer, peer_host
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import CollectiveRecord, LogEvent, Quote
@@ -76,13 +76,13 @@ def nccl_setup_failed(facts: Facts) -> Iterator[Match]:
 def nccl_socket_fault(facts: Facts) -> Iterator[Match]:
     """Did an NCCL socket send or receive fail on the data path (the proxy thread), after set-up?"""
     events = [e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "data"]
-    # A line whose catalogue row names another cause is not a socket fault: NCCL's `message truncated` is its size
-    # check between matched operations (net_socket.cc returns ncclInvalidUsage: a collective size mismatch).
+    # NCCL's `message truncated` is no socket fault: it is the transport's size check between matched operations
+    # (net_socket.cc returns ncclInvalidUsage), which its catalogue row reads as a collective size mismatch.
     failures = [
         e
         for e in events
         if not _TRACE_ONLY.match(str(e.fields.get("message") or ""))
-        and row_vote(e, "network_fault") is not None
+        and e.fields.get("signal_event") != "collective_mismatch"
     ]
     if not failures:
         return
