@@ -49,6 +49,13 @@ KNOWN_MISSES = {
     "conditional_collective__lightseekorg-TorchSpec-126": "the lagging rank's counters are quoted as the reporter "
     "retyped them ('last completed 21936'), not as ProcessGroupNCCL prints them; its own format is read "
     "(idle ranks, sequence_divergence)",
+    "conditional_collective__rwth-i6-returnn-1454": "start-up lines of a 4-rank job only (the program's own "
+    "'Torch distributed initialized' prints); the rank-0-only evaluation is the thread's",
+    "dataloader_stall__NVIDIA-Megatron-LM-5241": "a stack summarised by hand ('get_batch -> ... -> queues.py:113 get "
+    "(blocked)'), not any emitter's format",
+    "rank_crashed__NVIDIA-Megatron-LM-878": "PyTorch's 'DataLoader worker ... is killed by signal: Bus error' is read "
+    "as the data loader's fault (dataloader_stall), as two other dev cases with the same message are labelled; this "
+    "one's label puts the rank that died of it under rank_crashed: a convention of the labels, not of the text",
     "io_stall__NVIDIA-NeMo-Automodel-1038": "only the waiting side (two 60 s timeouts in a 1-element all-gather, "
     "said as a short timeout a slow rank trips); that the missing rank was consolidating a checkpoint is the thread's",
     "io_stall__instructlab-instructlab-3321": "one watchdog timeout, the waiting side only; the full disk under "
