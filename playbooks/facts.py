@@ -506,21 +506,15 @@ def _name_ranks_by_ras(ev: Evidence) -> None:
     names each rank of the job's widest communicator with its host and pid. Only a pid RAS names once, and that
     no stacks from two hosts share."""
     unranked = [d for d in ev.stacks if d.rank is None and d.pid is not None and d.role == "rank"]
-    reports = ev.events_of("ncclras_report") if unranked else []
-    if not reports:
+    if not unranked:
         return
-    comms = reports[-1].fields.get("comms") or []
-    widest = max([c.get("size") or 0 for c in comms] + [0])
     named: dict[int, set[int]] = {}
-    for c in comms:
-        if (c.get("size") or 0) != widest:
-            continue
-        for count in (c.get("counts") or {}).values():
-            for g in count.get("groups") or []:
-                for r, info in (g.get("ranks") or {}).items():
-                    pid = info.get("pid") if isinstance(info, dict) else None
-                    if isinstance(pid, int) and isinstance(r, int):
-                        named.setdefault(pid, set()).add(r)
+    for groups in _ras_count_groups(ev):
+        for g in groups:
+            for r, info in (g.get("ranks") or {}).items():
+                pid = info.get("pid") if isinstance(info, dict) else None
+                if isinstance(pid, int) and isinstance(r, int):
+                    named.setdefault(pid, set()).add(r)
     hosts_of_pid: dict[int, set] = {}
     for d in ev.stacks:
         hosts_of_pid.setdefault(d.pid, set()).add(d.host)
@@ -590,20 +584,26 @@ _WAITING = ("collective", "p2p", "init", "store")
 def _behind_by_ras(ev: Evidence) -> set[int]:
     """The ranks NCCL RAS's newest report counts behind the others in the job's widest communicator (fewer
     operations of a collective type launched): the ones the others wait for."""
-    reports = ev.events_of("ncclras_report")
-    comms = (reports[-1].fields.get("comms") or []) if reports else []
-    widest = max([c.get("size") or 0 for c in comms] + [0])
     behind: set[int] = set()
-    for c in comms:
-        if (c.get("size") or 0) != widest:
-            continue
-        for count in (c.get("counts") or {}).values():
-            groups = count.get("groups") or []
-            if len(groups) < 2:
-                continue
+    for groups in _ras_count_groups(ev):
+        if len(groups) >= 2:
             top = max(g["value"] for g in groups)
             behind |= {r for g in groups if g["value"] < top for r in (g.get("ranks") or {})}
     return behind
+
+
+def _ras_count_groups(ev: Evidence) -> list[list[dict]]:
+    """NCCL RAS's newest report, in the job's widest communicator (its ranks are the job's): per collective type,
+    the groups of ranks that launched the same count (probes/ncclras.py)."""
+    reports = ev.events_of("ncclras_report")
+    comms = (reports[-1].fields.get("comms") or []) if reports else []
+    widest = max([c.get("size") or 0 for c in comms] + [0])
+    return [
+        count.get("groups") or []
+        for c in comms
+        if (c.get("size") or 0) == widest
+        for count in (c.get("counts") or {}).values()
+    ]
 
 
 def _crowd(

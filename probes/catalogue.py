@@ -610,9 +610,23 @@ def _hyperscan_db(rows: list[Row], extra: tuple[bytes, ...] = ()) -> Any:
         exprs.append(x)
         flags.append(hyperscan.HS_FLAG_CASELESS)
         ids.append(len(rows) + j)
+    try:
+        return hyperscan_db(exprs, ids, flags)
+    except Exception as e:  # noqa: BLE001 - hyperscan.error names the expression; say which row
+        at = re.search(r"(\d+)", str(e))
+        n = ids[int(at.group(1))] if at and int(at.group(1)) < len(ids) else -1
+        rid = rows[n].id if 0 <= n < len(rows) else "?"
+        raise CatalogueError(f"hyperscan cannot compile the catalogue (row {rid}): {e}") from None
+
+
+def hyperscan_db(exprs: list[bytes], ids: list[int], flags: list[int], suffix: str = ".hsdb") -> object:
+    """A Hyperscan block-mode database of these expressions, from the user's cache when an earlier run compiled the
+    same ones (a stale or damaged file is compiled again), else compiled and cached. Raises what compile raises."""
+    import hyperscan
+
     version = getattr(hyperscan, "__version__", "")
-    key = hashlib.sha256(repr((version, exprs, flags, ids)).encode()).hexdigest()[:32]
-    cached = _cache_read(key)
+    key = hashlib.sha256(repr((suffix, version, exprs, flags, ids)).encode()).hexdigest()[:32]
+    cached = _cache_read(key, suffix)
     if cached is not None:
         try:
             db = hyperscan.loadb(cached, hyperscan.HS_MODE_BLOCK)
@@ -622,15 +636,9 @@ def _hyperscan_db(rows: list[Row], extra: tuple[bytes, ...] = ()) -> Any:
         except Exception:  # noqa: BLE001 - a stale or damaged cache is compiled again
             pass
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    db.compile(expressions=exprs, ids=ids, flags=flags)
     try:
-        db.compile(expressions=exprs, ids=ids, flags=flags)
-    except Exception as e:  # noqa: BLE001 - hyperscan.error names the expression; say which row
-        at = re.search(r"(\d+)", str(e))
-        n = ids[int(at.group(1))] if at and int(at.group(1)) < len(ids) else -1
-        rid = rows[n].id if 0 <= n < len(rows) else "?"
-        raise CatalogueError(f"hyperscan cannot compile the catalogue (row {rid}): {e}") from None
-    try:
-        _cache_write(key, hyperscan.dumpb(db))
+        _cache_write(key, hyperscan.dumpb(db), suffix)
     except Exception:  # noqa: BLE001 - no cache (a read-only home): compiled each time, still right
         pass
     return db

@@ -13,7 +13,6 @@ was read as what, and what was skipped).
 from __future__ import annotations
 
 import collections
-import hashlib
 import io
 import mmap
 import os
@@ -783,27 +782,10 @@ def _claims_db(mods: list[ModuleType], ids: frozenset[int]) -> object:
             exprs.append(p.encode("utf-8"))
             flags.append(hyperscan.HS_FLAG_SINGLEMATCH | hyperscan.HS_FLAG_MULTILINE)
             owners.append(i)
-    version = getattr(hyperscan, "__version__", "")
-    key = hashlib.sha256(repr(("claims", version, exprs, flags, owners)).encode()).hexdigest()[:32]
     try:
-        cached = catalogue_mod._cache_read(key, ".claims.hsdb")
-        if cached is not None:
-            db = hyperscan.loadb(cached, hyperscan.HS_MODE_BLOCK)
-            db.scratch = hyperscan.Scratch(db)  # a loaded database comes without one
-            db.scan(b"probe", match_event_handler=lambda *_: None)
-            return db
-    except Exception:  # noqa: BLE001 - a stale or damaged cache is compiled again
-        pass
-    try:
-        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        db.compile(expressions=exprs, ids=owners, flags=flags)
+        return catalogue_mod.hyperscan_db(exprs, owners, flags, ".claims.hsdb")
     except Exception:  # noqa: BLE001 - no database: every claimer asked, as before
         return None
-    try:
-        catalogue_mod._cache_write(key, hyperscan.dumpb(db), ".claims.hsdb")
-    except Exception:  # noqa: BLE001 - no cache (a read-only home): compiled each time, still right
-        pass
-    return db
 
 
 def family(kind: str) -> str:
