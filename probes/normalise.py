@@ -61,6 +61,11 @@ _MPI_ABORT_ROW = re.compile(r"\d{1,7}: [\w.\-]{1,253}: -?\d{1,4}: Fatal error in
 # Python exception or a logging level.
 _NOT_HOST = re.compile(
     r"(?:Error|Exception|Warning|Interrupt|Exit|Iteration|Traceback|Note|Hint)$|^(?:kernel|localhost6?)$|torch"
+    # The kernel's and drivers' own device names before a message (`bond0: (slave ens1f0): ...`, `ib0: ...`,
+    # `nvme0n1: Read(0x2) ...`, `nvidia-nvswitch3: SXid ...`, `mlx5_core 0000:3b:00.0: ...`, `mlx5: host: ...`):
+    # a device of the node that printed the line, not the node's name.
+    r"|^(?:bond|eth|ib|ens|enp|eno|enx|nvme|nvidia-nvswitch|nvswitch|hfi\d_|mlx\d_|qedr|bnxt_re|irdma|efa_)\w{0,24}$"
+    r"|^mlx\d(?:_core|_ib)?$"
 )
 _FENCE = re.compile(r"\s{0,8}(?:```|~~~)")
 # pytest's failure report marks each line of the error it explains with `E` and seven spaces (the line's own
@@ -213,9 +218,12 @@ class Normaliser:
             text = text[len(_PYTEST_E) :]  # pytest's failure report: `E       ` before each line of the error
         while text.startswith("^C"):
             text = text[2:]  # the terminal's echo of Ctrl-C, before the traceback it caused
-        if text.startswith("**") and text[2:3].strip():
-            text = text[2:]  # markdown bold around a pasted line: `**RuntimeError: ...**`
-        if text.rstrip().endswith("**") and text.rstrip()[-3:-2].strip():
+        # Markdown bold around a pasted line (`**RuntimeError: ...**`), not a run of three or more stars that the
+        # message itself prints (Slurm's `*** JOB 12 ON n CANCELLED AT ... ***`, Open MPI's `*** Process received
+        # signal ***`, HF Trainer's `***** Running training *****`).
+        if text.startswith("**") and text[2:3].strip() and text[2:3] != "*":
+            text = text[2:]
+        if text.rstrip().endswith("**") and text.rstrip()[-3:-2].strip() and text.rstrip()[-3:-2] != "*":
             text = text.rstrip()[:-2]
         if host is None and self._prompt_host:
             host = self._prompt_host

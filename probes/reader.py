@@ -917,7 +917,9 @@ def is_dump(head: bytes) -> bool:
 def _json_like(head: bytes) -> bool:
     s = head.lstrip()
     if s[:1] == b"{":
-        return True
+        # A JSON object's first key is a string (or it is empty); `{1}[Hardware Error]: ...` (the kernel's GHES
+        # report, one record per `{n}`) is a log line.
+        return s[1:].lstrip()[:1] in (b'"', b"}", b"")
     # `[` starts py-spy --json output, and also `[rank0]: ...` and `[2024-...] ...` log lines, and Open MPI's
     # process name `[[31705,1],77][btl_openib_component.c:2951:handle_wc] ...` (ORTE_NAME_PRINT: [[job,step],rank]).
     if _ORTE_NAME.match(s):

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from hangdx.probes import catalogue
+from hangdx.probes import catalogue, signals
+from hangdx.probes.model import Evidence, Source
+from hangdx.probes.reader import clean, read_any, readable
 
 CAT = catalogue.load()
 PY = catalogue.load("python")
@@ -35,6 +37,23 @@ def test_row_examples(row):
         batch = ["unrelated line", line, "another one"]
         assert (1, row.id) in [(n, r.id) for n, r, _ in CAT.match_lines(batch)]
         assert (1, row.id) in [(n, r.id) for n, r, _ in PY.match_lines(batch)]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_row_examples_survive_the_reader(row):
+    """What `hangdx analyze` does to a line before the catalogue sees it (prefixes taken off as hosts or ranks,
+    markdown undone) leaves each example matching its row, and a text of that one line is never refused."""
+    import io
+
+    for line in row.examples:
+        lines = clean([(1, line.encode())])
+        hit = [h.row.id for h in signals.find(CAT, lines)]
+        assert any(row.extract(ln.text) is not None for ln in lines) or row.id in hit, (
+            f"{row.id}: the reader makes {[ln.text for ln in lines]!r} of {line!r}, which the row no longer matches"
+        )
+        ev = Evidence()
+        read_any(io.BytesIO(line.encode() + b"\n"), Source("example.log"), ev)
+        assert readable(ev), f"{row.id}: a text of its example {line!r} is refused as unreadable"
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
