@@ -1108,6 +1108,7 @@ def rank_exception(facts: Facts) -> Iterator[Match]:
     fatal_ranks = {e.rank for e in excs if e.kind in _FATAL_KINDS}
     first = [e for e in excs if e.rank not in victims or e.rank in fatal_ranks]
     if not first:
+        yield from _process_raised(facts, timeouts)
         return
     ranks = sorted({e.rank for e in first if e.rank is not None})
     hardware = [e for e in first if _HW_WORDS.search(str(e.fields.get("error", "")) + e.quote.text)]
@@ -1128,6 +1129,47 @@ def rank_exception(facts: Facts) -> Iterator[Match]:
         status="failed",
         template="rank_gone",
     )
+
+
+def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
+    """A traceback that names no rank and ends in an exception of the process's own (not a timeout, a lost peer, a
+    store or NCCL error: the waiting side's words; not Ctrl-C, whose traceback is where the process was stuck):
+    Python printed it because nothing caught the exception, so that process is gone. In a job that then hangs the
+    others wait for it: a dead rank, which one the text does not say."""
+    own = [
+        e
+        for e in facts.ev.events_of("exception")
+        if e.rank is None
+        and str(e.fields.get("exc_type", "")) not in _NOT_A_DEATH
+        and not _is_comm_error(e)
+        and not _WAITING_SIDE.search(e.quote.text)
+    ]
+    if not own or set(facts.ranks) - {e.rank for e in timeouts}:
+        return  # ranks the text names beside the waiters: the playbooks that read them decide
+    e = own[-1]  # the last uncaught exception: the one the process ended on
+    yield Match(
+        "rank_crashed",
+        0.5,
+        Culprit(hosts=_hosts_of_events([e])),
+        [e.quote] + [t.quote for t in timeouts[:2]],
+        {
+            "exc": e.quote.text,
+            "exc_type": str(e.fields.get("exc_type", "")),
+            "survivors": sorted({t.rank for t in timeouts if t.rank is not None}),
+            "oom": "OutOfMemory" in str(e.fields.get("exc_type", "")),
+        },
+        status="failed",
+        template="process_raised",
+    )
+
+
+# Exceptions whose traceback is not a death of the program's own making: Ctrl-C on a hung job (its traceback is
+# where it waited), a requested exit.
+_NOT_A_DEATH = frozenset({"KeyboardInterrupt", "SystemExit", "GeneratorExit"})
+# The waiting side's exceptions beyond _is_comm_error's words: c10d's store, rendezvous and socket errors.
+_WAITING_SIDE = re.compile(
+    r"Dist(?:Backend|Store|Network)Error|rendezvous|TCPStore|socket|broken pipe|reset by peer|barrier", re.I
+)
 
 
 _FATAL_KINDS = ("cuda_oom", "cuda_error", "segfault", "oom_kill")
