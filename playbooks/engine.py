@@ -72,6 +72,7 @@ def playbooks() -> list[Playbook]:
         ncclras,
         p2p_bandwidth,
         partial,
+        pasted_code,
         process_reports,
         signals,
         timeline,

@@ -78,6 +78,7 @@ class ReadReport:
     collectives_seen: int = 0  # NCCL collective lines in the whole input (most of them not kept)
     dropped_lines: int = 0  # lines of the middle of a huge input left out (neither head, tail nor fault)
     signals: int = 0  # lines a row of the signal catalogue matched
+    code_lines: int = 0  # lines of pasted Python code parsed (probes/pycode.py)
 
     @property
     def kinds(self) -> list[str]:
@@ -95,7 +96,7 @@ class ReadReport:
                 spans.setdefault(r.kind, []).append(
                     f"{r.first}-{r.last}" if r.last > r.first else str(r.first)
                 )
-        if not spans and not self.signals:
+        if not spans and not self.signals and not self.code_lines:
             return ""
         parts = [f"{_SHOWN.get(kind, kind)} (lines {_short(s)})" for kind, s in spans.items()]
         skipped = sum(r.lines for r in self.skipped)
@@ -103,6 +104,9 @@ class ReadReport:
         if self.signals:
             n = self.signals
             text += f"; {n} line{'s' if n != 1 else ''} matched the signal catalogue"
+        if self.code_lines:
+            n = self.code_lines
+            text += f"; {n} line{'s' if n != 1 else ''} of Python code read for collectives only some ranks call"
         if skipped:
             text += f"; skipped {skipped} line{'s' if skipped != 1 else ''} no parser reads"
         if self.collectives_seen > 1000:
@@ -873,6 +877,9 @@ def read_text(
         ev.note_host(gsrc.host)
     if hits:
         report.signals = signals.apply(hits, src, ev, events_before, colls_before)
+    from hangdx.probes import pycode
+
+    report.code_lines = pycode.scan(lines, src, ev)
     note = report.describe()
     if note:
         ev.reads.append(note)
@@ -975,7 +982,7 @@ def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = No
         ev.gap(
             src.name, f"read the first {limit:,} bytes of an input that did not end: the rest was not read"
         )
-    if not any(r.kind for r in report.regions) and not report.signals:
+    if not any(r.kind for r in report.regions) and not report.signals and not report.code_lines:
         ev.gap(
             src.name,
             f"not a known artifact (text of {report.total_bytes} bytes): skipped (looked for {looked_for()})",
