@@ -17,7 +17,13 @@ from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.pycode import EVENT
 
 # Lines that say the job is waiting in a collective (the victims' side of a divergence).
-_WAITING = ("watchdog_timeout", "gloo_timeout", "monitored_barrier_timeout", "monitored_barrier_failed", "nccl_timeout")
+_WAITING = (
+    "watchdog_timeout",
+    "gloo_timeout",
+    "monitored_barrier_timeout",
+    "monitored_barrier_failed",
+    "nccl_timeout",
+)
 
 
 @playbook("pasted_code", order=92)

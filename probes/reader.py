@@ -106,7 +106,9 @@ class ReadReport:
             text += f"; {n} line{'s' if n != 1 else ''} matched the signal catalogue"
         if self.code_lines:
             n = self.code_lines
-            text += f"; {n} line{'s' if n != 1 else ''} of Python code read for collectives only some ranks call"
+            text += (
+                f"; {n} line{'s' if n != 1 else ''} of Python code read for collectives only some ranks call"
+            )
         if skipped:
             text += f"; skipped {skipped} line{'s' if skipped != 1 else ''} no parser reads"
         if self.collectives_seen > 1000:
