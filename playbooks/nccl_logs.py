@@ -41,10 +41,30 @@ def _message(e: LogEvent) -> str:
     return str(e.fields.get("last_error") or e.fields.get("message") or e.fields.get("error") or e.quote.text)
 
 
+_INIT_NEAR = 20  # lines: an NCCL failure this close after a communicator's creation began is that creation's
+
+
+def _after_init(facts: Facts, e: LogEvent) -> bool:
+    """An NCCL failure that names no stage, printed just after the process began creating a communicator (the last
+    event of its source before it is a `comm_init_start`: vLLM's `vLLM is using nccl==`, DeepSpeed's `Initializing
+    TorchBackend`): the creation failed."""
+    if e.fields.get("stage") is not None:
+        return False
+    before = [
+        x
+        for x in facts.ev.events
+        if x.quote.source == e.quote.source and x.quote.line < e.quote.line and (x.rank == e.rank or x.rank is None)
+    ]
+    if not before:
+        return False
+    last = max(before, key=lambda x: x.quote.line)
+    return last.kind == "comm_init_start" and e.quote.line - last.quote.line <= _INIT_NEAR
+
+
 @playbook("nccl_setup_failed", order=21)
 def nccl_setup_failed(facts: Facts) -> Iterator[Match]:
     """Did NCCL itself say that communicator set-up failed (bootstrap, socket interface, ncclCommInitRank)?"""
-    events = [e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "init"]
+    events = [e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "init" or _after_init(facts, e)]
     if not events:
         return
     ranks = sorted({e.rank for e in events if e.rank is not None})
@@ -54,9 +74,10 @@ def nccl_setup_failed(facts: Facts) -> Iterator[Match]:
         ifnames.setdefault(str(e.fields["setting"]), str(e.fields.get("devices")))
     texts = " ".join(_message(e) + " " + e.quote.text for e in events)
     evidence = [q for e in events[:3] for q in _quotes(e)] + [e.quote for e in settings[:1]]
+    said = any(e.fields.get("stage") == "init" for e in events)  # NCCL's own words, not only the moment
     yield Match(
         "comm_init_failure",
-        0.88,
+        0.88 if said else 0.7,
         Culprit(ranks=ranks, hosts=_hosts(events)),
         evidence,
         {

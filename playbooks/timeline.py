@@ -216,3 +216,36 @@ def after_finish(facts: Facts) -> Iterator[Match]:
             status="hung",
         )
         return
+
+
+@playbook("stopped_at_extension_build", order=65)
+def stopped_at_extension_build(facts: Facts) -> Iterator[Match]:
+    """Logs: is every process's last word torch's JIT extension build (`Using ... as PyTorch extensions root`)?
+
+    torch.utils.cpp_extension lets one process build while it holds a lock file in the extensions folder; the others
+    wait in FileBaton.wait() until that file is gone. A build killed part-way leaves the file behind, and every
+    later process waits on it forever: the job stops at its very start with this as each process's last line.
+    """
+    if facts.have_stacks:
+        return
+    builds = facts.ev.events_of("extension_build")
+    if not builds:
+        return
+    last: dict[tuple[str, int | None, str | None], LogEvent] = {}
+    for e in facts.ev.events:
+        last[(e.quote.source, e.rank, e.host)] = e
+    stuck = [e for e in last.values() if e.kind == "extension_build"]
+    if len(stuck) != len(last):
+        return  # some process logged something after its build: it went on
+    roots = sorted({str(e.fields["root"]) for e in builds if e.fields.get("root")})
+    yield Match(
+        "user_deadlock",
+        0.45,
+        Culprit(
+            ranks=sorted({e.rank for e in stuck if e.rank is not None}),
+            hosts=sorted({e.host for e in stuck if e.host}),
+        ),
+        [e.quote for e in stuck[:4]],
+        {"roots": roots, "lines": len(stuck), "last": stuck[0].quote.text[:200]},
+        status="hung",
+    )

@@ -100,7 +100,9 @@ def scan(lines: list, src: Source, ev: Evidence) -> int:
                     host=src.host,
                     fields={
                         "collective": call,
-                        "condition": _source(node.test)[:200],
+                        "condition": (
+                            _source(node.test) if isinstance(node, ast.If) else f"@{_decorator(node)}"
+                        )[:200],
                         "ranks": ranks,
                         "how": how,
                     },
@@ -170,7 +172,19 @@ def _findings(tree: ast.AST) -> Iterator[tuple[ast.If, str, list[int], str]]:
     name, with every test that does not depend on the rank taken the same way on all of them (true, then false).
     Code whose ranks end up calling the same collectives (HF's classic `if local_rank not in (-1, 0): barrier()`
     ... `if local_rank == 0: barrier()`: every rank calls one barrier) is left alone."""
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+            _call_name(d.func if isinstance(d, ast.Call) else d)[1] in _RANK_ZERO_DECORATORS
+            for d in fn.decorator_list
+        ):
+            called = _collectives(fn.body)
+            if called:
+                yield fn, called[0], [0], "only"  # type: ignore[misc]
     for body in _bodies(tree):
+        sized = _sized_by_rank(body)
+        if sized is not None:
+            yield sized
+            continue
         ranks = sorted(_candidates(body))
         for same in (True, False):
             runs = {r: _run(body, r, same) for r in ranks}
@@ -180,6 +194,94 @@ def _findings(tree: ast.AST) -> Iterator[tuple[ast.If, str, list[int], str]]:
             if found is not None:
                 yield found
                 break
+
+
+# Decorators that make a function run on rank 0 only (Lightning's rank_zero_only, accelerate's on_main_process).
+_RANK_ZERO_DECORATORS = frozenset({"rank_zero_only", "on_main_process", "main_process_only", "on_rank_zero"})
+# Collectives whose tensors must have the same size and dtype on every rank.
+_SIZED = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter", "reduce_scatter_tensor",
+    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "reduce", "broadcast", "allreduce", "allgather",
+})  # fmt: skip
+# Calls that make a tensor of a given size, or give one another size or dtype.
+_SHAPERS = frozenset({
+    "ones", "zeros", "empty", "full", "randn", "rand", "randint", "arange", "view", "reshape", "narrow", "expand",
+    "repeat", "resize_", "half", "float", "double", "bfloat16", "to", "type",
+})  # fmt: skip
+
+
+def _sized_by_rank(body: list[ast.stmt]) -> tuple[ast.If, str, list[int], str] | None:
+    """A collective every rank calls with a tensor that some ranks made with another size or dtype: a name changed
+    under a rank test (and not on the other branch) that reaches the collective's tensor through a call that sizes
+    or casts it (`if rank == 0: numel *= 2` ... `torch.ones(numel)` ... `all_reduce(t)`)."""
+    changed: dict[str, ast.If] = {}  # name -> the rank test under which it was changed
+    shaped: dict[str, ast.If] = {}  # tensor name -> the rank test its size or dtype depends on
+
+    def names(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    def targets(stmt: ast.stmt) -> list[str]:
+        if isinstance(stmt, ast.Assign):
+            return [t.id for t in stmt.targets if isinstance(t, ast.Name)]
+        if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) and isinstance(stmt.target, ast.Name):
+            return [stmt.target.id]
+        return []
+
+    def walk(stmts: list[ast.stmt], under: ast.If | None) -> tuple[ast.If, str, list[int], str] | None:
+        for stmt in stmts:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(stmt, ast.If):
+                if _rank_test(stmt.test):
+                    other = {t for s in ast.walk(ast.Module(body=stmt.orelse, type_ignores=[]))
+                             if isinstance(s, ast.stmt) for t in targets(s)}  # fmt: skip
+                    mine = {t for s in ast.walk(ast.Module(body=stmt.body, type_ignores=[]))
+                            if isinstance(s, ast.stmt) for t in targets(s)}  # fmt: skip
+                    for t in mine - other:
+                        changed.setdefault(t, stmt)
+                    if not other:
+                        continue
+                found = walk(stmt.body, under) or walk(stmt.orelse, under)
+                if found:
+                    return found
+                continue
+            for block in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, block, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    found = walk(inner, under)
+                    if found:
+                        return found
+            value = getattr(stmt, "value", None)
+            for t in targets(stmt):
+                for call in (
+                    (n for n in ast.walk(value) if isinstance(n, ast.Call)) if value is not None else ()
+                ):
+                    if _call_name(call.func)[1] in _SHAPERS:
+                        used = names(call) & (set(changed) | set(shaped))
+                        if used:
+                            u = next(iter(used))
+                            shaped[t] = changed.get(u) or shaped[u]
+                            break
+            for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+                owner, name = _call_name(call.func)
+                if name in _SIZED and (name not in _QUALIFIED or _COMM_OWNERS.search(owner)):
+                    args = call.args[:1] + [k.value for k in call.keywords if k.arg in ("tensor", "input")]
+                    for a in args:
+                        hit = names(a) & set(shaped)
+                        if hit:
+                            node = shaped[next(iter(hit))]
+                            return node, name, _ranks_named(node.test), "size"
+        return None
+
+    return walk(body, None)
+
+
+def _decorator(fn: ast.AST) -> str:
+    for d in getattr(fn, "decorator_list", []):
+        name = _call_name(d.func if isinstance(d, ast.Call) else d)[1]
+        if name in _RANK_ZERO_DECORATORS:
+            return name
+    return ""
 
 
 def _bodies(tree: ast.AST) -> Iterator[list[ast.stmt]]:
