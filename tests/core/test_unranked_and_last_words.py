@@ -1,0 +1,82 @@
+"""Shapes people paste with no rank in them: an uncaught exception's traceback, a job whose every process stopped at
+the same start-up line, kernel and Slurm lines that the reader's clean-up must not spoil."""
+
+from __future__ import annotations
+
+import io
+
+from hangdx.playbooks import engine
+from hangdx.probes.model import Evidence, Source
+from hangdx.probes.reader import clean, read_any
+
+
+def verdict(text: str):
+    ev = Evidence()
+    read_any(io.BytesIO(text.encode()), Source("paste.log"), ev)
+    return engine.run(ev)
+
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/workspace/train.py", line 212, in <module>
+    main()
+  File "/workspace/train.py", line 180, in main
+    loss = model(batch)
+  File "/workspace/model.py", line 88, in forward
+    x = self.embed(input_ids)
+{last}
+"""
+
+
+def test_an_uncaught_exception_with_no_rank_is_a_process_that_died():
+    v = verdict(TRACEBACK.format(last="IndexError: index out of range in self"))
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == []  # which rank, the text does not say
+    assert "IndexError" in v.root_cause.summary
+
+
+def test_ctrl_c_and_the_waiting_sides_errors_are_not_a_death():
+    assert verdict(TRACEBACK.format(last="KeyboardInterrupt")).root_cause.category != "rank_crashed"
+    timeout = "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 7/8 clients joined."
+    assert verdict(TRACEBACK.format(last=timeout)).root_cause.category != "rank_crashed"
+
+
+def test_every_process_stopped_at_the_jit_extension_build():
+    line = "Using /root/.cache/torch_extensions/py310_cu118 as PyTorch extensions root...\n"
+    v = verdict(line * 4)
+    assert v.root_cause.category == "user_deadlock"
+    assert "lock" in v.root_cause.fix
+
+
+def test_a_build_that_went_on_is_not_where_the_job_stopped():
+    text = (
+        "Using /root/.cache/torch_extensions/py310_cu118 as PyTorch extensions root...\n"
+        "[rank0]:[E1205 04:35:53.584483882 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=3348, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+        "1800098 milliseconds before timing out.\n"
+    )
+    assert verdict(text).root_cause.category != "user_deadlock"
+
+
+def test_star_runs_that_the_message_prints_are_not_markdown_bold():
+    for line in (
+        "slurmstepd: error: *** JOB 4412345 ON gpu-node-03 CANCELLED AT 2024-05-01T12:00:04 DUE TO TIME LIMIT ***",
+        "[gpu-node-03:03599] *** Process received signal ***",
+    ):
+        assert clean([(1, line.encode())])[0].text == line
+    assert clean([(1, b"**RuntimeError: boom**")])[0].text == "RuntimeError: boom"
+
+
+def test_device_names_before_a_kernel_message_are_not_hosts():
+    for line in (
+        "bond0: (slave ens1f0): link status definitely down, disabling slave",
+        "nvme0n1: Read(0x2) @ LBA 1234567, 8 blocks, Unrecovered Read Error (sct 0x2 / sc 0x81) DNR",
+        "ib0: multicast join failed for ff12:401b:ffff:0000:0000:0000:ffff:ffff, status -22",
+    ):
+        ln = clean([(1, line.encode())])[0]
+        assert ln.host is None and ln.text == line
+    assert clean([(1, b"gpu-node-07: NCCL WARN x")])[0].host == "gpu-node-07"
+
+
+def test_a_ghes_record_is_a_log_line_not_json():
+    v = verdict("{1}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 0\n")
+    assert v.root_cause is not None
