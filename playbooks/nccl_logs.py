@@ -53,7 +53,9 @@ def _after_init(facts: Facts, e: LogEvent) -> bool:
     before = [
         x
         for x in facts.ev.events
-        if x.quote.source == e.quote.source and x.quote.line < e.quote.line and (x.rank == e.rank or x.rank is None)
+        if x.quote.source == e.quote.source
+        and x.quote.line < e.quote.line
+        and (x.rank == e.rank or x.rank is None)
     ]
     if not before:
         return False
@@ -64,7 +66,9 @@ def _after_init(facts: Facts, e: LogEvent) -> bool:
 @playbook("nccl_setup_failed", order=21)
 def nccl_setup_failed(facts: Facts) -> Iterator[Match]:
     """Did NCCL itself say that communicator set-up failed (bootstrap, socket interface, ncclCommInitRank)?"""
-    events = [e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "init" or _after_init(facts, e)]
+    events = [
+        e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "init" or _after_init(facts, e)
+    ]
     if not events:
         return
     ranks = sorted({e.rank for e in events if e.rank is not None})

@@ -245,6 +245,10 @@ def test_an_alert_summary_loses_its_secrets_before_redis_and_slack(bot: LiveBot)
     summary = f"no step for 15m; DATABASE_URL={leak} password=hunter2-alert " + "x" * 5000
     r = bot.alert(json.dumps({"job_id": "sum-1", "summary": summary}))
     assert r.status_code == 202
+    # The thread's parent is posted after the 202 (by the queue's side): wait for it rather than race it.
+    deadline = time.monotonic() + 20
+    while not bot.slack.calls_to("chat.postMessage") and time.monotonic() < deadline:
+        time.sleep(0.05)
     stored = redis_text(bot.conn)
     posted = json.dumps([c.body for c in bot.slack.calls])
     for where in (stored, posted):

@@ -105,10 +105,15 @@ def on_fit_start(self):
 
 
 def test_pasted_code_with_a_timeout_gives_conditional_collective_and_the_rank():
-    text = "```python" + BARRIER_ON_RANK_0 + "```\n" + (
-        "[rank1]:[E1205 04:35:53.584483882 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation "
-        "timeout: WorkNCCL(SeqNum=3348, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
-        "1800098 milliseconds before timing out.\n"
+    text = (
+        "```python"
+        + BARRIER_ON_RANK_0
+        + "```\n"
+        + (
+            "[rank1]:[E1205 04:35:53.584483882 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=3348, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+            "1800098 milliseconds before timing out.\n"
+        )
     )
     _, v = verdict(text)
     assert v.root_cause.category == "conditional_collective"
