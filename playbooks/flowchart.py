@@ -1111,6 +1111,9 @@ def rank_exception(facts: Facts) -> Iterator[Match]:
         yield from _process_raised(facts, timeouts)
         return
     ranks = sorted({e.rank for e in first if e.rank is not None})
+    if all(e.kind == "exception" and in_setup(e) for e in first):
+        yield _setup_failed(first)
+        return
     hardware = [e for e in first if _HW_WORDS.search(str(e.fields.get("error", "")) + e.quote.text)]
     yield Match(
         "gpu_fault" if hardware and len(hardware) == len(first) else "rank_crashed",
@@ -1147,6 +1150,9 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
     if not own or set(facts.ranks) - {e.rank for e in timeouts}:
         return  # ranks the text names beside the waiters: the playbooks that read them decide
     e = own[-1]  # the last uncaught exception: the one the process ended on
+    if in_setup(e):
+        yield _setup_failed([e])
+        return
     yield Match(
         "rank_crashed",
         0.5,
@@ -1160,6 +1166,41 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
         },
         status="failed",
         template="process_raised",
+    )
+
+
+# Functions of process-group set-up (torch.distributed, its rendezvous and store, and the frameworks' wrappers around
+# them): an exception raised under one of them is a job that never got its ranks connected.
+_SETUP_FUNCS = frozenset({
+    "init_process_group", "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_file_rendezvous_handler",
+    "rendezvous", "_create_c10d_store", "_store_based_barrier", "init_device_mesh", "_init_process_group",
+    "init_distributed", "initialize_model_parallel", "_rendezvous", "next_rendezvous", "_initialize_workers",
+    "init_dist", "_init_dist_pytorch", "_init_dist_slurm", "setup_distributed", "_setup_distributed",
+})  # fmt: skip
+
+
+def in_setup(e: LogEvent) -> bool:
+    """Was the exception raised inside process-group set-up (a frame of its traceback is one of _SETUP_FUNCS)?"""
+    frames = e.fields.get("frames") or []
+    return any(str(f).rsplit(" in ", 1)[-1].strip() in _SETUP_FUNCS for f in frames)
+
+
+def _setup_failed(excs: list[LogEvent]) -> Match:
+    """A process's exception raised while it set up the process group: the job never got through set-up."""
+    e = excs[-1]
+    where = next(
+        (str(f).rsplit(" in ", 1)[-1] for f in reversed(e.fields.get("frames") or []) if in_setup(
+            LogEvent(e.kind, e.quote, fields={"frames": [f]}))),
+        "init_process_group",
+    )  # fmt: skip
+    return Match(
+        "comm_init_failure",
+        0.6,
+        Culprit(ranks=sorted({x.rank for x in excs if x.rank is not None}), hosts=_hosts_of_events(excs)),
+        [x.quote for x in excs[:3]],
+        {"exc": e.quote.text, "where": where},
+        status="failed",
+        template="setup_raised",
     )
 
 

@@ -218,34 +218,45 @@ def after_finish(facts: Facts) -> Iterator[Match]:
         return
 
 
-@playbook("stopped_at_extension_build", order=65)
-def stopped_at_extension_build(facts: Facts) -> Iterator[Match]:
-    """Logs: is every process's last word torch's JIT extension build (`Using ... as PyTorch extensions root`)?
+# Start-up stages a job can stop in for a reason of its own, by the event kind of the line that opens them: the
+# category a stop there is, and the words for it (templates/stopped_at_stage.j2).
+_STAGES = {
+    "extension_build": ("user_deadlock", "extension"),
+    "dataloader_start": ("dataloader_stall", "dataloader"),
+}
+
+
+@playbook("stopped_at_stage", order=65)
+def stopped_at_stage(facts: Facts) -> Iterator[Match]:
+    """Logs: is every process's last word the start of one stage: a JIT extension build, the data loaders' start?
 
     torch.utils.cpp_extension lets one process build while it holds a lock file in the extensions folder; the others
-    wait in FileBaton.wait() until that file is gone. A build killed part-way leaves the file behind, and every
-    later process waits on it forever: the job stops at its very start with this as each process's last line.
+    wait in FileBaton.wait() until the file is gone, and a build killed part-way leaves it behind for every later
+    run. A trainer that logs that it starts its data loaders (Composer's "Spinning the dataloaders", a streaming
+    dataset's first-epoch warning) and says nothing more is waiting on them. Only when no process logged anything
+    after that line: a job that went on was not stopped there.
     """
     if facts.have_stacks:
-        return
-    builds = facts.ev.events_of("extension_build")
-    if not builds:
         return
     last: dict[tuple[str, int | None, str | None], LogEvent] = {}
     for e in facts.ev.events:
         last[(e.quote.source, e.rank, e.host)] = e
-    stuck = [e for e in last.values() if e.kind == "extension_build"]
-    if len(stuck) != len(last):
-        return  # some process logged something after its build: it went on
-    roots = sorted({str(e.fields["root"]) for e in builds if e.fields.get("root")})
+    kinds = {e.kind for e in last.values()}
+    if len(kinds) != 1 or next(iter(kinds)) not in _STAGES:
+        return  # some process logged something else last: it went on, or stopped elsewhere
+    kind = next(iter(kinds))
+    category, stage = _STAGES[kind]
+    stuck = list(last.values())
+    roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(kind) if e.fields.get("root")})
     yield Match(
-        "user_deadlock",
+        category,
         0.45,
         Culprit(
             ranks=sorted({e.rank for e in stuck if e.rank is not None}),
             hosts=sorted({e.host for e in stuck if e.host}),
         ),
         [e.quote for e in stuck[:4]],
-        {"roots": roots, "lines": len(stuck), "last": stuck[0].quote.text[:200]},
+        {"stage": stage, "roots": roots, "lines": len(stuck), "last": stuck[0].quote.text[:200]},
         status="hung",
+        template="stopped_at_stage",
     )

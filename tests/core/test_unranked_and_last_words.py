@@ -80,3 +80,24 @@ def test_device_names_before_a_kernel_message_are_not_hosts():
 def test_a_ghes_record_is_a_log_line_not_json():
     v = verdict("{1}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 0\n")
     assert v.root_cause is not None
+
+
+def test_an_exception_raised_in_process_group_set_up_is_a_set_up_failure():
+    text = """Traceback (most recent call last):
+  File "train.py", line 413, in init_distribution
+    torch.distributed.init_process_group(backend=backend)
+  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 354, in init_process_group
+    store, rank, world_size = next(rendezvous(url))
+  File "/usr/lib/python3/site-packages/torch/distributed/rendezvous.py", line 143, in _env_rendezvous_handler
+    store = TCPStore(master_addr, master_port, start_daemon)
+ValueError: host not found: Name or service not known
+"""
+    v = verdict(text)
+    assert v.root_cause.category == "comm_init_failure"
+    assert "_env_rendezvous_handler" in v.root_cause.summary
+
+
+def test_every_process_stopped_at_the_data_loaders_start():
+    line = "2024-08-20 15:00:38,102: rank{r}[11386{r}][MainThread]: DEBUG: composer.trainer.trainer: Spinning the dataloaders\n"
+    v = verdict("".join(line.format(r=r) for r in range(4)))
+    assert v.root_cause.category == "dataloader_stall"
