@@ -226,6 +226,9 @@ _STAGES = {
 }
 
 
+_TRAILING = 2  # lines a stage's line may be followed by (a wrapped tail, a closing remark) and still be the last word
+
+
 @playbook("stopped_at_stage", order=65)
 def stopped_at_stage(facts: Facts) -> Iterator[Match]:
     """Logs: is every process's last word the start of one stage: a JIT extension build, the data loaders' start?
@@ -247,6 +250,11 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
     kind = next(iter(kinds))
     category, stage = _STAGES[kind]
     stuck = list(last.values())
+    for source in {e.quote.source for e in stuck}:
+        end = facts.ev.last_lines.get(source)
+        at = max(e.quote.line for e in stuck if e.quote.source == source)
+        if end is None or end - at > _TRAILING:
+            return  # lines no reader took follow it: the text goes on past that stage
     roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(kind) if e.fields.get("root")})
     yield Match(
         category,

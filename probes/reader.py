@@ -859,6 +859,9 @@ def read_text(
     mods = _claimers()
     by_kind = {m.KIND: m for m in mods}
     lines = clean(kept)
+    last = next((ln.no for ln in reversed(lines) if ln.text.strip()), 0)
+    if last:
+        ev.last_lines[src.name] = max(last, ev.last_lines.get(src.name, 0))
     # Every clean line meets every catalogue row; the hits become events after the region parsers ran, so that
     # a line a parser read is not counted twice.
     hits = signals.find(cat, lines) if cat is not None else []
