@@ -226,7 +226,9 @@ _STAGES = {
 }
 
 
-_TRAILING = 2  # lines a stage's line may be followed by (a wrapped tail, a closing remark) and still be the last word
+_TRAILING = (
+    2  # lines a stage's line may be followed by (a wrapped tail, a closing remark) and still be the last word
+)
 
 
 @playbook("stopped_at_stage", order=65)

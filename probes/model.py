@@ -218,7 +218,9 @@ class Evidence:
     host_problems: list[HostProblem] = field(default_factory=list)
     probed_hosts: list[str] = field(default_factory=list)  # every host a live probe was sent to
     reads: list[str] = field(default_factory=list)  # what the reader read of each text, and what it skipped
-    last_lines: dict[str, int] = field(default_factory=dict)  # each text read: the number of its last non-blank line
+    last_lines: dict[str, int] = field(
+        default_factory=dict
+    )  # each text read: the number of its last non-blank line
 
     def note_host(self, host: str | None) -> None:
         if host and host not in self.hosts:
