@@ -1098,7 +1098,11 @@ def rank_exception(facts: Facts) -> Iterator[Match]:
     """Offline: did a rank raise while the others waited (a timeout names the victims, the traceback the culprit)?"""
     if facts.have_stacks:
         return
-    excs = [e for e in facts.ev.events_of("exception") if e.rank is not None and not _is_comm_error(e)]
+    excs = [
+        e
+        for e in facts.ev.events_of("exception")
+        if e.rank is not None and not _is_comm_error(e) and not _means_another_cause(e)
+    ]
     # Deaths a process announces itself: a CUDA OOM, a CUDA error (illegal access), a segfault, the OOM killer.
     excs += [
         e for e in facts.ev.events_of(*_FATAL_KINDS) if e.rank is not None and not watchdog_abort(facts.ev, e)
@@ -1146,6 +1150,7 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
         and str(e.fields.get("exc_type", "")) not in _NOT_A_DEATH
         and not _is_comm_error(e)
         and not _WAITING_SIDE.search(e.quote.text)
+        and not _means_another_cause(e)
     ]
     if not own or set(facts.ranks) - {e.rank for e in timeouts}:
         return  # ranks the text names beside the waiters: the playbooks that read them decide
@@ -1177,6 +1182,15 @@ _SETUP_FUNCS = frozenset({
     "init_distributed", "initialize_model_parallel", "_rendezvous", "next_rendezvous", "_initialize_workers",
     "init_dist", "_init_dist_pytorch", "_init_dist_slurm", "setup_distributed", "_setup_distributed",
 })  # fmt: skip
+
+
+def _means_another_cause(e: LogEvent) -> bool:
+    """An exception whose message a catalogue row reads, decisively, as another cause than the process's own death
+    (Horovod's "Mismatched ALLREDUCE ...": the ranks disagree on a collective, and every rank raises it)."""
+    return e.fields.get("signal_strength") == "decisive" and e.fields.get("signal_category") not in (
+        None,
+        "rank_crashed",
+    )
 
 
 def in_setup(e: LogEvent) -> bool:

@@ -107,13 +107,20 @@ def blocked_in_kernel(facts: Facts) -> Iterator[Match]:
         and (s.state == "D" or (s.state is None and s.quote is not None))
         and not _stacked(facts, s)
     ]
+    confidence = 0.66
+    if not blocked:
+        # D state with no wait channel shown (`ps aux` has none): asleep in the kernel, uninterruptibly. Storage
+        # (NFS, a disk, a FUSE mount) is the usual reason, a GPU driver's hang the other; the WCHAN or
+        # /proc/PID/stack would say which, so the reading stays modest.
+        blocked = [s for s in facts.ev.processes if s.state == "D" and not s.wchan and not _stacked(facts, s)]
+        confidence = 0.45
     if not blocked:
         return
     ranks = sorted({s.rank for s in blocked if s.rank is not None})
     hosts = sorted({s.host for s in blocked if s.host})
     yield Match(
         "io_stall",
-        0.66,
+        confidence,
         Culprit(
             ranks=ranks,
             hosts=hosts,

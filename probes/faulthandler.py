@@ -51,7 +51,7 @@ def sniff(head: bytes) -> int:
 
 
 # claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
-CLAIM_WORDS = ("Fatal Python error: ", "Current thread 0x", "Thread 0x", "Stack (most recent", "Timeout (")
+CLAIM_WORDS = ("Fatal Python error: ", "Current thread 0x", "Thread 0x", "Stack (most recent", "Timeout (", "\", line ")
 CLAIM_PATTERNS: tuple[str, ...] = ()
 
 
@@ -65,6 +65,10 @@ def claims(line: str) -> int:
         return 8
     if line.startswith("Timeout (") and _TIMEOUT.match(line):
         return 7
+    # A frame in faulthandler's own form (`File "x.py", line 3 in f`: no comma before "in", which a traceback's
+    # `File "x.py", line 3, in f` has), as pasted without the thread's header line.
+    if "File" in line and '", line ' in line and _FRAME.match(line):
+        return 6
     return 0
 
 
@@ -144,6 +148,12 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             close()
             continue
         f = _FRAME.match(text)
+        if f and thread is None and fatal is None and dump is None:
+            # Frames pasted without their `Thread 0x... (most recent call first):` line: one thread, unnamed.
+            dump = StackDump(pid=src.pid, rank=src.rank, host=src.host, threads=[], source=src.name)
+            ev.stacks.append(dump)
+            thread = ThreadStack(None, "", "unknown", [], Quote(src.name, no, text.strip()))
+            dump.threads.append(thread)
         if f and thread is not None:
             thread.frames.append(
                 Frame(f.group(3), f.group(1), int(f.group(2)), False, quote=Quote(src.name, no, text.strip()))

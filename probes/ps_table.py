@@ -50,7 +50,15 @@ _PS_CMD = re.compile(
 )
 
 
+# `ps aux` (BSD syntax, also `ps -aux`, `ps auxww`, `ps auxf`) prints a fixed set of columns: its output under a
+# `| grep` has no header line, but the command above it says what the columns are.
+_PS_AUX = re.compile(r"(?:^|[\s$#>|;])ps\s+-?(?:aux|axu|uax)[wfe]{0,3}(?=\s|$|\|)")
+_AUX_COLS = ["USER", "PID", "%CPU", "%MEM", "VSZ", "RSS", "TTY", "STAT", "START", "TIME", "COMMAND"]
+
+
 def _command_header(line: str) -> list[str] | None:
+    if "ps" in line and _PS_AUX.search(line):
+        return list(_AUX_COLS)
     m = _PS_CMD.search(line) if "ps" in line else None
     if not m:
         return None

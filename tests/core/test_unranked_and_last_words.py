@@ -101,3 +101,31 @@ def test_every_process_stopped_at_the_data_loaders_start():
     line = "2024-08-20 15:00:38,102: rank{r}[11386{r}][MainThread]: DEBUG: composer.trainer.trainer: Spinning the dataloaders\n"
     v = verdict("".join(line.format(r=r) for r in range(4)))
     assert v.root_cause.category == "dataloader_stall"
+
+
+def test_ps_aux_rows_under_a_grep_are_read_by_the_command_above_them():
+    text = """root@node-7:~# ps aux | grep train
+root      123312  0.1  0.0   4508  1536 pts/0    Ss+  Sep24   1:00 python train.py --rank 0
+root      123315  0.0  0.0   4508  1536 pts/0    Ds+  Sep24   0:12 python train.py --rank 1
+"""
+    v = verdict(text)
+    assert v.root_cause.category == "io_stall"
+    assert "123315" in v.root_cause.summary and "D state" in v.root_cause.summary
+
+
+def test_faulthandler_frames_without_their_thread_line_are_a_stack():
+    text = """  File "/usr/lib/python3.7/multiprocessing/util.py", line 400 in _flush_std_streams
+  File "/usr/lib/python3.7/multiprocessing/process.py", line 317 in _bootstrap
+  File "/usr/lib/python3.7/multiprocessing/popen_fork.py", line 74 in _launch
+"""
+    v = verdict(text)
+    assert v.root_cause.category == "user_deadlock"
+    assert "_flush_std_streams" in v.root_cause.summary
+
+
+def test_horovods_mismatched_request_is_a_mismatch_not_a_crash():
+    text = (
+        "[1,0]<stderr>:tensorflow.python.framework.errors_impl.FailedPreconditionError: Mismatched ALLREDUCE "
+        "CPU/GPU device selection: One rank specified device CPU, but another rank specified device GPU.\n"
+    )
+    assert verdict(text).root_cause.category == "collective_mismatch"
