@@ -51,7 +51,14 @@ def sniff(head: bytes) -> int:
 
 
 # claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
-CLAIM_WORDS = ("Fatal Python error: ", "Current thread 0x", "Thread 0x", "Stack (most recent", "Timeout (", "\", line ")
+CLAIM_WORDS = (
+    "Fatal Python error: ",
+    "Current thread 0x",
+    "Thread 0x",
+    "Stack (most recent",
+    "Timeout (",
+    '", line ',
+)
 CLAIM_PATTERNS: tuple[str, ...] = ()
 
 
