@@ -226,14 +226,18 @@ FLOOR = "signals"  # the catalogue's playbook: the floor under the others (playb
 
 
 def _floor_explained(findings: list[Finding]) -> list[Finding]:
-    """A catalogue finding that a more specific playbook already made (its category, or its lines) goes."""
+    """A catalogue finding that a more specific playbook already made (its category, or its lead line) goes.
+
+    Only its lead line (the cause it names) counts: the waiting ranks' lines it quotes after it for context are
+    the other playbooks' evidence too, and sharing them does not mean the cause was already read (an Xid, a
+    runtime's GPU Hang before the timeouts that a sequence playbook read as a divergence)."""
     others = [f for f in findings if f.playbook not in (FLOOR, "what_next")]
     seen = {(q.source, q.line) for f in others for q in f.evidence}
     cats = {f.category for f in others}
     out = []
     for f in findings:
         if f.playbook == FLOOR and (
-            f.category in cats or any((q.source, q.line) in seen for q in f.evidence)
+            f.category in cats or any((q.source, q.line) in seen for q in f.evidence[:1])
         ):
             continue
         out.append(f)

@@ -129,3 +129,21 @@ def test_horovods_mismatched_request_is_a_mismatch_not_a_crash():
         "CPU/GPU device selection: One rank specified device CPU, but another rank specified device GPU.\n"
     )
     assert verdict(text).root_cause.category == "collective_mismatch"
+
+
+def test_a_gpu_hang_before_the_timeouts_is_the_cause_not_their_sequence():
+    hang = "HW Exception by GPU node-9 (Agent handle: 0x631351bb5a20) reason :GPU Hang\n"
+    timeout = (
+        "[rank{r}]:[E1109 16:13:20.222288244 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum={s}, OpType=_REDUCE_SCATTER_BASE, NumelIn=67108864, NumelOut=8388608, "
+        "Timeout(ms)=600000) ran for 600038 milliseconds before timing out.\n"
+    )
+    text = hang * 3 + "".join(timeout.format(r=r, s=500045 if r in (3, 4) else 500047) for r in range(1, 8))
+    assert verdict(text).root_cause.category == "gpu_fault"
+
+
+def test_an_rdma_port_that_is_not_active_is_a_network_fault():
+    text = "link mlx5_7/1 subnet_prefix fe80:0000:0000:0000 lid 3403 sm_lid 1 lmc 0 state DOWN physical_state POLLING\n"
+    assert verdict(text).root_cause.category == "network_fault"
+    off = "link mlx5_2/1 state DOWN physical_state DISABLED\n"
+    assert verdict(off).root_cause.category != "network_fault"  # administratively off: an unused port
