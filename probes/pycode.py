@@ -89,7 +89,11 @@ def scan(lines: list, src: Source, ev: Evidence) -> int:
         read += used
         if not worth:
             continue  # code, read as such, with no collective in it
-        for node, call, ranks, how in _findings(tree):
+        try:
+            found = list(_findings(tree))
+        except (RecursionError, MemoryError, ValueError):
+            continue  # a paste built to nest deeper than the walk goes: left unread, never a crash
+        for node, call, ranks, how in found:
             no = start + node.lineno - 1
             if no >= len(lines):
                 continue

@@ -139,3 +139,9 @@ def test_code_with_no_collective_is_read_not_refused():
     ev, v = verdict("import torch\n\ndef f(x):\n    y = x * 2\n    return y\n")
     assert readable(ev)
     assert v.root_cause.category == "unknown"
+
+
+def test_code_nested_past_any_walk_is_left_unread_not_a_crash():
+    deep = "if rank == " + "+".join(["1"] * 1300) + ":\n    dist.barrier()\nx = 1\ny = 2\n"
+    ev, v = verdict(deep)
+    assert v.root_cause is not None  # read or not, a verdict and no traceback
