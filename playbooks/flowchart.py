@@ -1143,21 +1143,23 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
     store or NCCL error: the waiting side's words; not Ctrl-C, whose traceback is where the process was stuck):
     Python printed it because nothing caught the exception, so that process is gone. In a job that then hangs the
     others wait for it: a dead rank, which one the text does not say."""
-    own = [
+    raised = [
         e
         for e in facts.ev.events_of("exception")
         if e.rank is None
         and str(e.fields.get("exc_type", "")) not in _NOT_A_DEATH
-        and not _is_comm_error(e)
-        and not _WAITING_SIDE.search(e.quote.text)
         and not _means_another_cause(e)
     ]
-    if not own or set(facts.ranks) - {e.rank for e in timeouts}:
+    if not raised or set(facts.ranks) - {e.rank for e in timeouts}:
         return  # ranks the text names beside the waiters: the playbooks that read them decide
-    e = own[-1]  # the last uncaught exception: the one the process ended on
-    if in_setup(e):
-        yield _setup_failed([e])
+    if in_setup(raised[-1]):
+        # Raised under process-group set-up, whatever its words (a store's timeout, "host not found").
+        yield _setup_failed([raised[-1]])
         return
+    own = [e for e in raised if not _is_comm_error(e) and not _WAITING_SIDE.search(e.quote.text)]
+    if not own:
+        return
+    e = own[-1]  # the last uncaught exception: the one the process ended on
     yield Match(
         "rank_crashed",
         0.5,
@@ -1193,20 +1195,24 @@ def _means_another_cause(e: LogEvent) -> bool:
     )
 
 
+def _setup_frame(e: LogEvent) -> str | None:
+    """The innermost set-up function (one of _SETUP_FUNCS) the exception's traceback passed through, if any."""
+    for f in reversed(e.fields.get("frames") or []):  # frames are outermost first
+        func = str(f).rsplit(" in ", 1)[-1].strip()
+        if func in _SETUP_FUNCS:
+            return func
+    return None
+
+
 def in_setup(e: LogEvent) -> bool:
-    """Was the exception raised inside process-group set-up (a frame of its traceback is one of _SETUP_FUNCS)?"""
-    frames = e.fields.get("frames") or []
-    return any(str(f).rsplit(" in ", 1)[-1].strip() in _SETUP_FUNCS for f in frames)
+    """Was the exception raised inside process-group set-up?"""
+    return _setup_frame(e) is not None
 
 
 def _setup_failed(excs: list[LogEvent]) -> Match:
     """A process's exception raised while it set up the process group: the job never got through set-up."""
     e = excs[-1]
-    where = next(
-        (str(f).rsplit(" in ", 1)[-1] for f in reversed(e.fields.get("frames") or []) if in_setup(
-            LogEvent(e.kind, e.quote, fields={"frames": [f]}))),
-        "init_process_group",
-    )  # fmt: skip
+    where = _setup_frame(e) or "init_process_group"
     return Match(
         "comm_init_failure",
         0.6,

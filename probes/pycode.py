@@ -40,6 +40,9 @@ _CODE = re.compile(
     r")"
 )
 _TRACEBACK_FILE = re.compile(r'\s{0,16}File "[^"]{1,512}", line \d{1,7}')
+# Stack-dump frames that look like calls but are not code: py-spy's `all_reduce (torch/.../c10d.py:3252)`, a native
+# frame `ncclCommAbort (libnccl.so.2)`.
+_DUMP_FRAME = re.compile(r"\s{0,16}\S{1,300} \([^()\s]{1,512}(?::\d{1,7}|\.so[\w.]{0,16})\)\s*$")
 # Attribute, variable and function names that say which rank runs the line.
 _RANK_NAMES = frozenset({
     "rank", "local_rank", "global_rank", "node_rank", "world_rank", "process_index", "local_process_index",
@@ -124,21 +127,31 @@ def _worth(texts: list[str]) -> bool:
 
 
 def _runs(texts: list[str]) -> Iterator[tuple[int, int]]:
-    """(start, end) of each run of code lines: blank lines inside a run are kept, a traceback's frames are not."""
+    """(start, end) of each run of code lines: blank and comment lines inside a run are kept (they count for
+    nothing: a gdb backtrace's `#0 ...` lines are comments to Python), a traceback's or a stack dump's frames are not
+    code."""
     start = None
     code = 0
     after_file = False
     for i, t in enumerate(texts + [""]):
         is_tb = bool(_TRACEBACK_FILE.match(t))
-        is_code = not is_tb and not after_file and i < len(texts) and bool(_CODE.match(t)) and len(t) < 4000
+        is_code = (
+            not is_tb
+            and not after_file
+            and i < len(texts)
+            and len(t) < 4000
+            and bool(_CODE.match(t))
+            and not t.lstrip().startswith("#")
+            and not _DUMP_FRAME.match(t)
+        )
         after_file = is_tb
         if is_code:
             if start is None:
                 start, code = i, 0
             code += 1
             continue
-        if start is not None and not t.strip() and i < len(texts):
-            continue  # a blank line inside the code
+        if start is not None and i < len(texts) and (not t.strip() or t.lstrip().startswith("#")):
+            continue  # a blank or comment line inside the code
         if start is not None:
             if _MIN_LINES <= code <= _MAX_LINES:
                 yield start, i

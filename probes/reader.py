@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import BinaryIO
 
 from hangdx.probes import catalogue as catalogue_mod
-from hangdx.probes import registry, signals
+from hangdx.probes import pycode, registry, signals
 from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
 
@@ -882,8 +882,6 @@ def read_text(
         ev.note_host(gsrc.host)
     if hits:
         report.signals = signals.apply(hits, src, ev, events_before, colls_before)
-    from hangdx.probes import pycode
-
     report.code_lines = pycode.scan(lines, src, ev)
     note = report.describe()
     if note:

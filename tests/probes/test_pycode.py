@@ -145,3 +145,15 @@ def test_code_nested_past_any_walk_is_left_unread_not_a_crash():
     deep = "if rank == " + "+".join(["1"] * 1300) + ":\n    dist.barrier()\nx = 1\ny = 2\n"
     ev, v = verdict(deep)
     assert v.root_cause is not None  # read or not, a verdict and no traceback
+
+
+def test_stack_dumps_are_not_read_as_code():
+    gdb = "#0  0x00007f in pthread_cond_wait () from /lib/libc.so.6\n#1  0x00007f in c10d::Work::wait () from libtorch.so\n"
+    pyspy = (
+        'Thread 12 (idle): "MainThread"\n'
+        "    all_reduce (torch/distributed/distributed_c10d.py:3252)\n"
+        "    train_step (train.py:41)\n    <module> (train.py:80)\n"
+    )
+    for text in (gdb * 3, pyspy):
+        ev, _ = verdict(text)
+        assert not any("Python code" in r for r in ev.reads), ev.reads
