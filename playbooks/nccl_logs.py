@@ -128,6 +128,61 @@ def nccl_socket_fault(facts: Facts) -> Iterator[Match]:
     )
 
 
+# -- an interface the other nodes cannot reach, in a set-up that never finished -------------------------------
+
+# NCCL's own automatic choice (src/misc/socket.cc, ncclFindInterfaces) skips interfaces named `docker*`, `lo*` and
+# `virbr*` unless nothing else is up, and takes every other up interface as it is: a container's `veth*` end, a
+# Linux bridge `br-*`, an overlay (`flannel*`, `cali*`, `cni*`, `vxlan*`, `weave`, `tun*`). Those, loopback and a
+# link-local address (`fe80::`, `169.254.`) do not route to another node, so a communicator whose socket transport
+# or bootstrap uses one cannot connect across nodes: set-up hangs or fails (NCCL's troubleshooting guide: set
+# NCCL_SOCKET_IFNAME).
+_VIRTUAL_IF = re.compile(r"(?:docker|veth|br-|virbr|cni|flannel|cali|vxlan|weave|tun|lo)[\w.\-]{0,24}$")
+_IF_ENTRY = re.compile(
+    r"(?:\[\d{1,3}\])?([\w.\-]{1,32}):([0-9A-Fa-f:.]{2,64})(?:%[\w.\-]{1,32})?(?:<\d{1,6}>)?"
+)
+
+
+def _unroutable(devices: str) -> list[str]:
+    """The `name:address` entries of an NCCL `Using` list that another node cannot reach."""
+    out = []
+    for m in _IF_ENTRY.finditer(devices):
+        name, addr = m.group(1), m.group(2).lower()
+        if _VIRTUAL_IF.match(name) or addr.startswith(("fe80:", "169.254.", "127.", "::1")):
+            out.append(f"{name}:{addr}")
+    return out
+
+
+@playbook("nccl_unroutable_interface", order=22)
+def nccl_unroutable_interface(facts: Facts) -> Iterator[Match]:
+    """Did NCCL set up its sockets on an interface other nodes cannot reach, and no process finish set-up?"""
+    using = [
+        e for e in facts.ev.events_of("nccl_net") if e.fields.get("devices") and not e.fields.get("setting")
+    ]
+    bad = [(e, _unroutable(str(e.fields["devices"]))) for e in using]
+    bad = [(e, b) for e, b in bad if b]
+    if not bad:
+        return
+    # Past set-up somewhere (a communicator's `Init COMPLETE`, a collective NCCL logged): the interface worked, or
+    # the job is single-node and never used it; either way not this.
+    if facts.ev.collectives or any(e.fields.get("complete") for e in facts.ev.events_of("nccl_init")):
+        return
+    ifaces = list(dict.fromkeys(i for _, b in bad for i in b))
+    events = [e for e, _ in bad]
+    hosts = _hosts(events)
+    yield Match(
+        "comm_init_failure",
+        0.55,
+        Culprit(ranks=sorted({e.rank for e in events if e.rank is not None}), hosts=hosts),
+        [e.quote for e in events[:3]],
+        {
+            "ifaces": ifaces[:4],
+            "hosts": hosts,
+            "all_bad": all(len(b) == len(_IF_ENTRY.findall(str(e.fields["devices"]))) for e, b in bad),
+        },
+        status="hung",
+    )
+
+
 # -- point-to-point calls a process stopped in ------------------------------------------------------------------
 
 _P2P = ("send", "recv")

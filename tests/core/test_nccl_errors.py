@@ -216,3 +216,41 @@ def test_a_long_log_without_host_pid_tid_keeps_each_devices_last_calls():
     v, ev = verdict("\n".join(lines) + "\n")
     assert max(int(c.quote.line) for c in ev.collectives) == 30_000
     assert v.root_cause.category == "p2p_deadlock"
+
+
+# -- an interface other nodes cannot reach, in a set-up that never finished ------------------------------------
+
+# pytorch/pytorch #68893 (rank 0's NCCL_DEBUG=INFO output; the reporter's fix was NCCL_SOCKET_IFNAME=ens5).
+VETH_68893 = """\
+ip-172-31-0-137:14605:14673 [0] NCCL INFO Bootstrap : Using [0]ens5:172.31.0.137<0> [1]veth75fa783:fe80::14ad:64ff:fe64:b31e%veth75fa783<0>
+ip-172-31-0-137:14605:14673 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]
+ip-172-31-0-137:14605:14673 [0] NCCL INFO NET/Socket : Using [0]ens5:172.31.0.137<0> [1]veth75fa783:fe80::14ad:64ff:fe64:b31e%veth75fa783<0>
+ip-172-31-0-137:14605:14673 [0] NCCL INFO Using network Socket
+NCCL version 2.7.8+cuda11.1
+ip-172-31-0-137:14605:14688 [0] NCCL INFO Channel 00/04 :    0   1
+ip-172-31-0-137:14605:14688 [0] NCCL INFO Channel 00 : 1[1e0] -> 0[1e0] [receive] via NET/Socket/0
+"""
+
+
+def test_a_container_interface_in_a_set_up_that_never_finished_is_a_set_up_failure_on_that_interface():
+    v, _ = verdict(VETH_68893)
+    rc = v.root_cause
+    assert rc.category == "comm_init_failure"
+    assert rc.culprit.hosts == ["ip-172-31-0-137"]
+    assert "veth75fa783" in rc.summary
+    assert "NCCL_SOCKET_IFNAME" in rc.fix
+    assert rc.confidence < 0.7  # the interface is a suspect: nothing says set-up failed
+
+
+def test_the_same_interface_after_set_up_finished_is_not_blamed():
+    # NCCL's own line when the communicator is up (init.cc's format): the interface did not stop set-up.
+    done = "ip-172-31-0-137:14605:14605 [0] NCCL INFO comm 0x7f3c5c002f00 rank 0 nranks 2 cudaDev 0 busId 1e0 - Init COMPLETE\n"
+    v, _ = verdict(VETH_68893 + done)
+    assert "nccl_unroutable_interface" not in {f.playbook for f in v.findings}
+
+
+def test_a_routable_interface_alone_is_not_blamed():
+    text = "\n".join(ln for ln in VETH_68893.splitlines() if "Using [0]" not in ln)
+    text += "\nip-172-31-0-137:14605:14673 [0] NCCL INFO NET/Socket : Using [0]ens5:172.31.0.137<0>\n"
+    v, _ = verdict(text)
+    assert "nccl_unroutable_interface" not in {f.playbook for f in v.findings}
