@@ -223,6 +223,10 @@ def after_finish(facts: Facts) -> Iterator[Match]:
 _STAGES = {
     "extension_build": ("user_deadlock", "extension"),
     "dataloader_start": ("dataloader_stall", "dataloader"),
+    # py-filelock's waits on a cache's lock file: io_stall, as an engineer reads them in training jobs, whose caches
+    # (HF datasets and hub, triton's autotune, torch extensions) sit on shared home or project file systems where a
+    # lock is slow to get or outlives its holder (the usual fix: the cache on local disk, the stale lock removed).
+    "file_lock_wait": ("io_stall", "file_lock"),
 }
 
 
@@ -233,7 +237,8 @@ _TRAILING = (
 
 @playbook("stopped_at_stage", order=65)
 def stopped_at_stage(facts: Facts) -> Iterator[Match]:
-    """Logs: is every process's last word the start of one stage: a JIT extension build, the data loaders' start?
+    """Logs: is every process's last word the start of one stage: a JIT extension build, the data loaders' start, a
+    cache's lock file?
 
     torch.utils.cpp_extension lets one process build while it holds a lock file in the extensions folder; the others
     wait in FileBaton.wait() until the file is gone, and a build killed part-way leaves it behind for every later

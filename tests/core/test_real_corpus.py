@@ -36,6 +36,13 @@ def _meta(side: Path) -> dict:
 # answer). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
 # counts them as wrong.
 KNOWN_MISSES = {
+    "comm_init_failure__sgl-project-sglang-3794": "eight TP schedulers start SGLang's NCCL communicator and one "
+    "reports an exception two minutes later, its traceback cut at its first line: that the exception came from "
+    "the set-up (a firewall on NCCL's ports) is the thread's",
+    "rank_crashed__ray-project-ray-41973": "Ray Data's split coordinator waiting for clients that never read, and one "
+    "rank's broadcast timeout: the waiting side; that a worker died of an error is the maintainer's reading",
+    "straggler__hiyouga-LlamaFactory-2656": "one tokenizer progress bar, still advancing: that the other ranks timed "
+    "out waiting for it is the thread's",
     "dataloader_stall__dmlc-dgl-2315": "DistDGL's own per-trainer progress lines ('Part 0 | Epoch 00019 | Step 00020 "
     "...') only: no emitter's line, and that the sampler's worker processes hung is the thread's (num_workers 0 fixed it)",
     "comm_init_failure__pytorch-pytorch-52916": "category right; the culprit rank 1 is named only by the program's "

@@ -147,3 +147,25 @@ def test_an_rdma_port_that_is_not_active_is_a_network_fault():
     assert verdict(text).root_cause.category == "network_fault"
     off = "link mlx5_2/1 state DOWN physical_state DISABLED\n"
     assert verdict(off).root_cause.category != "network_fault"  # administratively off: an unused port
+
+
+# py-filelock's DEBUG lines (tox-dev/filelock src/filelock/_api.py), as logging's default format prints them.
+LOCK_TRY = "DEBUG:filelock:Attempting to acquire lock {id} on /home/u/.triton/autotune/kernel.pickle.lock\n"
+
+
+def test_every_process_stopped_waiting_for_a_lock_file():
+    v = verdict("".join(LOCK_TRY.format(id=i) for i in (140192009925296, 140233385915056, 140592852660912)))
+    rc = v.root_cause
+    assert rc.category == "io_stall"
+    assert (
+        rc.confidence < 0.6
+    )  # the lock is where they wait; why its holder does not let go, the text cannot say
+    assert "/home/u/.triton/autotune/kernel.pickle.lock" in rc.fix
+
+
+def test_a_lock_that_was_acquired_is_not_where_the_job_stopped():
+    text = (
+        LOCK_TRY.format(id=1)
+        + "DEBUG:filelock:Lock 1 acquired on /home/u/.triton/autotune/kernel.pickle.lock\n"
+    )
+    assert verdict(text).root_cause.category != "io_stall"
