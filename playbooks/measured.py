@@ -357,3 +357,44 @@ def _stuck(a_ops: list, b_ops: list, a: int, b: int) -> tuple | None:
         then_b = theirs[j + 1][3] if j + 1 < len(theirs) else None
         return (x[0], x[3]), (y[0], y[3]), then_a, then_b
     return None
+
+
+# -- a trainer's own step timing: the step spent waiting for its batch ------------------------------------------
+
+DATA_BOUND = 0.5  # the batch wait is more than half of every step: the input pipeline sets the pace
+_MIN_STEP_S = 1.0  # steps shorter than this are not what a report of a stall is about
+
+
+@playbook("data_bound_steps", order=90)
+def data_bound_steps(facts: Facts) -> Iterator[Match]:
+    """A trainer's timing lines (`time: 40.19  data: 38.06`): do its steps spend most of their time waiting for data?"""
+    last: dict[tuple[str, int | None, str | None], LogEvent] = {}
+    for e in facts.ev.events_of("step_data_time"):
+        last[(e.quote.source, e.rank, e.host)] = e  # each process's last print: where it is now
+    bound = []
+    for e in last.values():
+        try:
+            step, data = float(e.fields["step_s"]), float(e.fields["data_s"])
+        except (TypeError, ValueError):
+            continue
+        if step >= _MIN_STEP_S and DATA_BOUND * step <= data <= step * 1.05:
+            bound.append((e, step, data))
+    if not bound or len(bound) * 2 < len(last):
+        return  # most processes compute: not the input pipeline
+    e, step, data = max(bound, key=lambda b: b[2] / b[1])
+    ranks = sorted({b[0].rank for b in bound if b[0].rank is not None})
+    yield Match(
+        "dataloader_stall",
+        0.6,
+        Culprit(ranks=ranks, hosts=sorted({b[0].host for b in bound if b[0].host})),
+        [b[0].quote for b in bound[:3]],
+        {
+            "step": _fmt(step),
+            "data": _fmt(data),
+            "share": round(100 * data / step),
+            "ranks": ranks,
+            "processes": len(bound),
+            "seen": len(last),
+        },
+        status="progressing",
+    )

@@ -254,6 +254,10 @@ def named_ranks(e: LogEvent) -> list[int]:
     return sorted(set(out))
 
 
+# Lines printed by the rank that received another rank's wrong data (a generator state that came over a broadcast
+# matched with a different collective): the printer is where the divergence showed, not the rank that diverged.
+_RECEIVERS = frozenset({"rng_state_garbled"})
+
 # Categories whose lines name the far end of a path that failed (a link, a connection that could not be made):
 # the peer's host is a suspect as much as the printer's.
 _BOTH_ENDS = ("network_fault", "comm_init_failure")
@@ -285,7 +289,7 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
                 )
             )[:8]
             return c
-    speakers = [e for e in events if not named_ranks(e)]
+    speakers = [e for e in events if not named_ranks(e) and e.kind not in _RECEIVERS]
     ranks = sorted(
         {e.rank for e in speakers if e.rank is not None} | {r for e in events for r in named_ranks(e)}
     )

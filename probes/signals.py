@@ -240,6 +240,7 @@ NEEDS: dict[str, frozenset[str]] = {
     "rank_timing": frozenset({"metrics"}),
     "pp_actions": frozenset({"actions"}),
     "p2p_matrix": frozenset({"header_quote"}),
+    "step_data_time": frozenset({"step_s", "data_s"}),
 }
 SIGNAL_KIND = "signal"
 

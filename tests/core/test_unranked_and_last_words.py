@@ -169,3 +169,33 @@ def test_a_lock_that_was_acquired_is_not_where_the_job_stopped():
         + "DEBUG:filelock:Lock 1 acquired on /home/u/.triton/autotune/kernel.pickle.lock\n"
     )
     assert verdict(text).root_cause.category != "io_stall"
+
+
+# torchvision's MetricLogger line (references/classification/utils.py): `time:` a step, `data:` its wait for a batch.
+METRIC = "Epoch: [0]  [ {i}/10175]  eta: 2 days, 11:04:48  lr: 0.000002  loss: 6.2285  time: {t}  data: {d}  max mem: 10768\n"
+
+
+def test_steps_that_wait_most_of_their_time_for_data_are_the_input_pipeline():
+    v = verdict(
+        METRIC.format(i=100, t="39.8011", d="37.9013") + METRIC.format(i=200, t="40.1906", d="38.0570")
+    )
+    rc = v.root_cause
+    assert rc.category == "dataloader_stall"
+    assert "38.057 s" in rc.summary and "95%" in rc.summary
+
+
+def test_steps_that_compute_are_not_blamed_on_data():
+    v = verdict(METRIC.format(i=200, t="40.1906", d="0.0570"))
+    assert "data_bound_steps" not in {f.playbook for f in v.findings}
+    quick = verdict(METRIC.format(i=200, t="0.3870", d="0.3021"))  # a fast step: no stall to speak of
+    assert "data_bound_steps" not in {f.playbook for f in quick.findings}
+
+
+def test_a_garbled_rng_state_from_a_broadcast_is_a_divergence_of_no_named_rank():
+    v = verdict("[rank1]: generator.set_state(rng_state)\n[rank1]: RuntimeError: Invalid mt19937 state\n")
+    rc = v.root_cause
+    assert rc.category == "conditional_collective"
+    assert (
+        rc.culprit.ranks == []
+    )  # rank 1 received rank 0's broadcast wrong: which rank diverged, it cannot say
+    assert rc.confidence < 0.7
