@@ -109,3 +109,43 @@ def p2p_bandwidth(facts: Facts) -> Iterator[Match]:
                 "matrices": [_title(e) for e, _, _ in hits],
             },
         )
+
+
+# -- the GPU topology: peer-to-peer over PCIe, in a job that never completed a collective -----------------------
+
+# NCCL's troubleshooting guide: with PCI Access Control Services (ACS) on the bridges between GPUs, or an IOMMU in
+# their path, peer-to-peer traffic is redirected through the root complex and NCCL's P2P transport can hang or
+# crawl; the first collective then never completes. GPUs joined by NVLink do not take that path.
+_WAITS = ("watchdog_timeout", "gloo_timeout", "collective_timeout", "nccl_timeout")
+
+
+@playbook("pcie_peer_path", order=86)
+def pcie_peer_path(facts: Facts) -> Iterator[Match]:
+    """Does `nvidia-smi topo -m` put the GPUs on PCIe paths only, with no collective seen to complete?"""
+    topos = [e for e in facts.ev.events_of("gpu_topology") if not e.fields.get("nvlink")]
+    if not topos or any(e.fields.get("nvlink") for e in facts.ev.events_of("gpu_topology")):
+        return
+    seqs = [int(e.fields["seq"]) for e in facts.ev.events_of(*_WAITS) if isinstance(e.fields.get("seq"), int)]
+    if any(s > 1 for s in seqs) or any(
+        (c.seq or 0) > 1 or c.state == "completed" for c in facts.ev.collectives
+    ):
+        return  # collectives completed: the GPUs' peer path carries data
+    e = topos[0]
+    pairs = [str(p).split(":", 1) for p in e.fields.get("paths") or [] if ":" in str(p)]
+    paths = [f"GPU{a.replace('-', '-GPU')} {k}" for a, k in pairs]
+    kinds = sorted({k for _, k in pairs})
+    first = bool(seqs)
+    yield Match(
+        "gpu_fault",
+        0.45 if first else 0.3,
+        Culprit(hosts=[e.host] if e.host else []),
+        [e.quote] + [w.quote for w in facts.ev.events_of(*_WAITS)][:2],
+        {
+            "paths": paths[:6],
+            "npaths": len(paths),
+            "kinds": kinds,
+            "gpus": e.fields.get("gpus"),
+            "first": first,
+        },
+        status="hung",
+    )

@@ -598,6 +598,7 @@ _SHOWN = {
     "p2p_bandwidth": "p2pBandwidthLatencyTest output",
     "nvidia_smi_q": "nvidia-smi -q report",
     "dcgmi_diag": "dcgmi diag results",
+    "gpu_topo": "nvidia-smi topo -m matrix",
 }
 
 

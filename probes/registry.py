@@ -48,6 +48,7 @@ _MODULES = [
     "nvidia_smi_q",
     "dcgmi_diag",
     "ncclras",
+    "gpu_topo",
 ]
 
 HEAD_BYTES = 64 * 1024
