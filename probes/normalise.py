@@ -42,7 +42,16 @@ _RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
 # `[rank8] ...`: torchrun's tag as people retype it, without its colon.
 _RANK_TAG = re.compile(r"\[(?:default)?rank(\d{1,9})\] (?=\S)")
 _POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
-_RAY = re.compile(r"\(\w{1,64} pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ")
+# Ray's actor prefix `(RayTrainWorker pid=615, ip=10.0.0.3) `, and vLLM's worker processes, which print the same
+# shape (vllm's _add_prefix): `(VllmWorker rank=1 pid=8700) `, in newer releases `(Worker_TP1 pid=1163) `,
+# `(Worker_PP1_TP0 pid=...) `, `(EngineCore_DP0 pid=...) `. A worker's rank is read when its name gives it alone
+# (rank=N, or a tensor-parallel rank with no pipeline or data-parallel rank beside it).
+_RAY = re.compile(
+    r"\((?:VllmWorker rank=(\d{1,6})|Worker_TP(\d{1,6})|\w{1,64}) pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ?"
+)
+# SGLang's log prefix (python/sglang/srt/utils.py configure_logger: `[%(asctime)s TP3] `): the tensor-parallel
+# rank of the scheduler that printed, read when no DP or PP rank stands beside it; the line keeps its time.
+_SGLANG = re.compile(r"\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d )?TP(\d{1,5})(?: EP\d{1,5})?\] ")
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
 _GUTTER = re.compile(r"\[(\d{1,9})\] ")
 _HOST = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,62}): ")
@@ -182,7 +191,9 @@ class Normaliser:
                 continue
             m = _RAY.match(text)
             if m:
-                pid, host, text = int(m.group(1)), host or m.group(2), text[m.end() :]
+                named = m.group(1) or m.group(2)
+                rank = int(named) if named is not None else rank
+                pid, host, text = int(m.group(3)), host or m.group(4), text[m.end() :]
                 continue
             m = _RFC3339.match(text)
             if m:
@@ -212,6 +223,8 @@ class Normaliser:
                 host, text = m.group(1), text[m.end() :]
                 continue
             break
+        if rank is None and text.startswith("[") and (m := _SGLANG.match(text)):
+            rank = int(m.group(1))
         if text.startswith(">") and (len(text) == 1 or text[1] == " "):
             text = text[2:]  # a markdown quote
         if text.startswith(_PYTEST_E) or text.rstrip() == "E":

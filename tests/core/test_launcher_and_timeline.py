@@ -408,3 +408,46 @@ def test_a_timeout_before_training_finished_is_not_read_as_after_it(tmp_path):
     )
     _, v = _verdict(tmp_path, text)
     assert all(f.playbook != "after_finish" for f in v.findings)
+
+
+def test_vllm_and_sglang_worker_prefixes_name_the_rank_that_printed():
+    # vLLM's worker prefixes (vllm _add_prefix) and SGLang's log prefix, as printed in public reports.
+    n = Normaliser()
+    (ln,) = n.line(
+        1,
+        "(VllmWorker rank=1 pid=8700) ERROR 06-28 06:20:15 [multiproc_executor.py:487] Traceback (most recent call last):",
+    )
+    assert (ln.rank, ln.pid) == (1, 8700) and ln.text.startswith("ERROR 06-28")
+    (ln,) = n.line(
+        2,
+        "(EngineCore_1 pid=75299) (VllmWorker rank=1 pid=75322) ERROR 05-16 16:35:18 [multiproc_executor.py:470] x",
+    )
+    assert (ln.rank, ln.pid) == (1, 75322)  # the innermost process printed it
+    (ln,) = n.line(
+        3,
+        "(Worker_TP1 pid=1163) INFO 10-10 11:32:51 [multiproc_executor.py:558] Parent process exited, terminating worker",
+    )
+    assert (ln.rank, ln.pid) == (1, 1163)
+    (ln,) = n.line(4, "(Worker_PP1_TP0 pid=88241) ERROR 08-14 11:24:36 [multiproc_executor.py:1232] x")
+    assert (ln.rank, ln.pid) == (None, 88241)  # a pipeline stage's TP rank is not the global rank
+    (ln,) = n.line(5, "[2025-02-23 06:02:12 TP3] sglang is using nccl==2.21.5")
+    assert ln.rank == 3 and ln.text.startswith("[2025-02-23 06:02:12 TP3]")  # the time stays for the timeline
+    (ln,) = n.line(6, "[2025-02-23 06:02:12 DP1 TP3] sglang is using nccl==2.21.5")
+    assert ln.rank is None
+
+
+def test_a_vllm_worker_that_raised_is_the_rank_that_died(tmp_path):
+    head = "(VllmWorker rank=1 pid=191128) ERROR 05-28 18:58:32 [multiproc_executor.py:522] "
+    text = "".join(
+        head + ln + "\n"
+        for ln in (
+            "WorkerProc hit an exception.",
+            "Traceback (most recent call last):",
+            '  File "/venv/lib/python3.10/site-packages/vllm/v1/worker/gpu_model_runner.py", line 748, in execute_model',
+            "    hidden = self.model(input_ids)",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        )
+    )
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "rank_crashed"
+    assert v.root_cause.culprit.ranks == [1]
