@@ -288,3 +288,51 @@ def nccl_p2p_wait(facts: Facts) -> Iterator[Match]:
         {"procs": procs, "ranks": sorted(ranks), "crossed": crossed, "named": global_ranks},
         status="hung",
     )
+
+
+# -- NCCL's own error trace through its set-up code -------------------------------------------------------------
+
+# checks.h prints each level of an error's way up as `file:line -> code`; a trace that passes through src/init.cc
+# (ncclCommInitRank and the transports it connects) or src/bootstrap.cc began during communicator set-up (a socket,
+# a buffer that could not be allocated). net_ib's own init.cc (transport/net_ib/init.cc) is not that; nor is a CUDA
+# call that failed for another reason than memory (a GPU or driver fault, which its own row reads).
+_SETUP_TRACE = re.compile(r"(?:^|(?<=[^\w/])|(?<=/src/)|(?<=^src/))(?:init|bootstrap)\.cc$")
+_TRACE_NEAR = 8  # lines: the trace follows the WARN that began it
+
+
+@playbook("nccl_trace_in_setup", order=23)
+def nccl_trace_in_setup(facts: Facts) -> Iterator[Match]:
+    """Did an NCCL error's own back trace run up through communicator set-up (init.cc, bootstrap.cc)?"""
+    traces = facts.ev.events_of("nccl_check_trace")
+    setup = [t for t in traces if _SETUP_TRACE.search(str(t.fields.get("file") or ""))]
+    if not setup:
+        return
+    t = setup[0]
+    first = min((x for x in traces if x.quote.source == t.quote.source), key=lambda x: x.quote.line)
+    began = [
+        e
+        for e in facts.ev.events
+        if e.quote.source == t.quote.source
+        and e.kind != "nccl_check_trace"
+        and 0 <= first.quote.line - e.quote.line <= _TRACE_NEAR
+        and ("WARN" in e.quote.text or e.kind in _FAILURES or e.fields.get("signal_category"))
+    ]
+    if not began:
+        return
+    cause = began[-1]
+    if cause.fields.get("signal_category") == "gpu_fault":
+        return  # a CUDA call that failed in set-up (not for want of memory) is the GPU's or driver's: read as such
+    yield Match(
+        "comm_init_failure",
+        0.8,
+        Culprit(
+            ranks=[cause.rank] if cause.rank is not None else [], hosts=[cause.host] if cause.host else []
+        ),
+        [cause.quote, first.quote, t.quote],
+        {
+            "reason": _message(cause)[:300],
+            "file": str(t.fields.get("file")),
+            "oom": "out of memory" in cause.quote.text,
+        },
+        status="failed",
+    )

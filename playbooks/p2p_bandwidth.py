@@ -149,3 +149,52 @@ def pcie_peer_path(facts: Facts) -> Iterator[Match]:
         },
         status="hung",
     )
+
+
+# -- peer-to-peer slower than copying through the host ----------------------------------------------------------
+
+# p2pBandwidthLatencyTest measures every pair with P2P disabled (a copy staged through host memory) and enabled (a
+# direct GPU-to-GPU write over NVLink or PCIe). Direct is never much slower than staged on a working path; when
+# the P2P=Enabled links run at a fraction of the P2P=Disabled ones, peer-to-peer transfers are being redirected
+# or faulted on the way (PCIe ACS, an IOMMU): the path NCCL's P2P transport takes, so NCCL jobs on the machine
+# hang or crawl while the GPUs themselves are fine.
+P2P_BROKEN = 1 / 3
+
+
+@playbook("p2p_slower_than_host", order=87)
+def p2p_slower_than_host(facts: Facts) -> Iterator[Match]:
+    """p2pBandwidthLatencyTest: are the GPU pairs' direct (P2P) copies far slower than copies through the host?"""
+    by: dict[tuple, dict[bool, LogEvent]] = {}
+    for e in facts.ev.events_of("p2p_matrix"):
+        if e.fields.get("measure") != "bandwidth" or e.fields.get("side") != "GPU":
+            continue
+        key = (e.quote.source, e.host, e.fields.get("direction"))
+        by.setdefault(key, {}).setdefault(bool(e.fields.get("p2p")), e)
+    for (_, host, direction), pair in by.items():
+        if True not in pair or False not in pair:
+            continue
+        on, off = _cells(pair[True]), _cells(pair[False])
+        both = [c for c in on if c in off and c[0] != c[1]]
+        if len(both) < 2:
+            continue
+        slow = [c for c in both if on[c] < P2P_BROKEN * off[c]]
+        if len(slow) * 2 <= len(both):
+            continue  # most pairs' direct copies are as fast as they should be: not the machine's P2P path
+        gpus = sorted({g for c in slow for g in c})
+        yield Match(
+            "gpu_fault",
+            0.7,
+            Culprit(hosts=[host] if host else [], gpus=[f"GPU {g}" for g in gpus]),
+            [pair[True].quote, pair[False].quote]
+            + [q for i, q in sorted((pair[True].fields.get("row_quotes") or {}).items())][:2],
+            {
+                "direction": direction,
+                "on": _fmt(statistics.median(on[c] for c in slow)),
+                "off": _fmt(statistics.median(off[c] for c in slow)),
+                "pairs": len(slow),
+                "of": len(both),
+                "gpus": gpus,
+            },
+            status="hung",
+        )
+        return

@@ -254,3 +254,47 @@ def test_a_routable_interface_alone_is_not_blamed():
     text += "\nip-172-31-0-137:14605:14673 [0] NCCL INFO NET/Socket : Using [0]ens5:172.31.0.137<0>\n"
     v, _ = verdict(text)
     assert "nccl_unroutable_interface" not in {f.playbook for f in v.findings}
+
+
+# -- NCCL's own error trace through its set-up code -----------------------------------------------------------
+
+# NVIDIA/nccl #582 (device 10's init thread; the others waited in bootstrapAllGather).
+OOM_582 = """\
+[10] ./third_party/gpus/nccl/src/include/alloc.h:58 NCCL WARN Cuda failure 'out of memory'
+[10] NCCL INFO third_party/gpus/nccl/src/transport/p2p.cc:164 -> 1
+[10] NCCL INFO third_party/gpus/nccl/src/transport.cc:34 -> 1
+[10] NCCL INFO third_party/gpus/nccl/src/transport.cc:90 -> 1
+[10] NCCL INFO third_party/gpus/nccl/src/init.cc:792 -> 1
+[10] NCCL INFO third_party/gpus/nccl/src/init.cc:907 -> 1
+"""
+
+
+def test_an_error_whose_trace_runs_through_init_is_a_set_up_failure_and_an_oom_is_no_gpu_fault():
+    v, _ = verdict(OOM_582)
+    rc = v.root_cause
+    assert rc.category == "comm_init_failure"
+    assert rc.confidence >= 0.8
+    assert "out of memory" in rc.summary and "init.cc" in rc.summary
+    assert "gpu_fault" not in categories(v)  # NCCL's cudaMalloc found the memory taken: not a hardware fault
+    v, _ = verdict(OOM_582.splitlines()[0] + "\n")  # the WARN alone: set-up, by what NCCL allocates and when
+    assert v.root_cause.category == "comm_init_failure"
+
+
+def test_a_trace_through_net_ibs_own_init_or_the_data_path_is_not_set_up():
+    for files in (("transport/net_ib/init.cc:301",), ("transport/net.cc:1040", "proxy.cc:1234")):
+        text = (
+            "node1:1:2 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion with error 12\n"
+            + "".join(f"node1:1:2 [0] NCCL INFO {f} -> 6\n" for f in files)
+        )
+        v, _ = verdict(text)
+        assert "nccl_trace_in_setup" not in {f.playbook for f in v.findings}
+
+
+def test_a_cuda_failure_in_set_up_that_is_not_memory_stays_the_gpus():
+    # NVIDIA/nccl #976: NVLS multicast set-up refused by a broken NVSwitch fabric, the trace through init.cc.
+    text = (
+        "transport/nvls.cc:165 NCCL WARN Cuda failure 'invalid argument'\n"
+        "NCCL INFO transport/nvls.cc:324 -> 1\nNCCL INFO init.cc:1093 -> 1\nNCCL INFO init.cc:1358 -> 1\n"
+    )
+    v, _ = verdict(text)
+    assert v.root_cause.category == "gpu_fault"

@@ -76,3 +76,21 @@ def test_with_a_host_prefix_the_gpu_is_named_on_its_host():
     )
     [f] = p2p_findings(read(text.encode()))
     assert f.culprit.gpus == ["gpu-node-07:GPU 6"] and f.culprit.hosts == ["gpu-node-07"]
+
+
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
+
+
+def test_direct_copies_far_slower_than_copies_through_the_host_are_a_broken_p2p_path():
+    # stas00/ml-engineering #1: P2P=Enabled 1.6-2.6 GB/s against 13-22 GB/s disabled (the IOMMU, the thread found).
+    ev = read((REAL / "gpu_fault__stas00-ml-engineering-1.log").read_bytes())
+    v = engine.run(ev)
+    rc = v.root_cause
+    assert rc.category == "gpu_fault" and rc.culprit.gpus == ["GPU 0", "GPU 1", "GPU 2"]
+    assert "NCCL_P2P_DISABLE=1" in rc.fix and "IOMMU" in rc.fix
+
+
+def test_p2p_as_fast_as_through_the_host_is_a_working_path():
+    for name in sorted(p.name for p in FIX.glob("*.txt")):
+        v = engine.run(read((FIX / name).read_bytes()))
+        assert "p2p_slower_than_host" not in {f.playbook for f in v.findings}, name
