@@ -755,6 +755,15 @@ def timeout_report(facts: Facts) -> Iterator[Match]:
             continue
         crashed = {e.rank for e in _real_failures(facts) if e.rank in ranks}
         crashed |= {e.rank for e in facts.ev.events_of("oom_kill", "segfault", "cuda_oom") if e.rank in ranks}
+        # A process killed by a signal (a segfault, the OOM killer) that the text names no rank for, printed before
+        # the report: the rank the report says never joined is the one that died, as the report's own words
+        # ("lagging, dead or mismatched") allow; a crash after the report may be a waiting rank's teardown.
+        first = min(e.quote.line for e in events)
+        if not crashed and any(
+            e.rank is None and e.quote.source == events[0].quote.source and e.quote.line < first
+            for e in facts.ev.events_of("oom_kill", "segfault")
+        ):
+            crashed = set(ranks)
         yield Match(
             "rank_crashed" if crashed else "conditional_collective",
             conf,

@@ -275,3 +275,69 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
         status="hung",
         template="stopped_at_stage",
     )
+
+
+# -- some ranks shut their communicator down, the others did not ----------------------------------------------
+
+# NCCL prints `comm 0x.. rank R nranks N ... - Abort COMPLETE` (ncclCommAbort, which torch's destroy_process_group
+# and process exit call) or `- Destroy COMPLETE` (ncclCommDestroy) when a process takes its communicator down.
+# With no error or timeout before it, a rank that did so finished its work and left; ranks of the same communicator
+# that did not are still in the job, stopped at a collective the leavers will never issue: the ranks ran
+# different numbers of steps or collectives (uneven data, an extra step). The side that is fewer is the odd one.
+_ENDED = ("Abort COMPLETE", "Destroy COMPLETE")
+_FAILURE_KINDS = _TIMEOUTS + (
+    "collective_timeout",
+    "nccl_timeout",
+    "desync_report",
+    "monitored_barrier_failed",
+    "nccl_error",
+    "nccl_warn",
+    "segfault",
+    "rank_exit",
+    "worker_died",
+    "cuda_error",
+)
+
+
+@playbook("ranks_left_early", order=64)
+def ranks_left_early(facts: Facts) -> Iterator[Match]:
+    """Logs: did some ranks of a communicator take it down, with no error first, while the others never did?"""
+    ends = [
+        e for e in facts.ev.events_of("nccl_init") if e.fields.get("action") in _ENDED and e.rank is not None
+    ]
+    if not ends:
+        return
+    sizes = {e.fields.get("world_size") for e in ends}
+    if len(sizes) != 1 or not isinstance(next(iter(sizes)), int):
+        return
+    n = next(iter(sizes))
+    left = sorted({e.rank for e in ends if e.rank is not None})
+    stayed = [r for r in range(n) if r not in left]
+    if not stayed or not left or n > 4096:
+        return
+    first = min(e.quote.line for e in ends)
+    source = ends[0].quote.source
+    before = [
+        e
+        for e in facts.ev.events_of(*_FAILURE_KINDS)
+        if e.quote.source == source and e.quote.line <= first and e not in ends
+    ]
+    if before:
+        return  # an error first: the aborts are its teardown, not ranks that finished
+    odd = stayed if len(stayed) <= len(left) else left
+    bars = [e for e in facts.ev.events_of("progress") if isinstance(e.fields.get("total"), int)]
+    short = [e for e in bars if isinstance(e.fields.get("n"), int) and e.fields["n"] < e.fields["total"]]
+    yield Match(
+        "conditional_collective",
+        0.66 if short else 0.6,
+        Culprit(ranks=odd),
+        [e.quote for e in ends[:3]] + [e.quote for e in short[-1:]],
+        {
+            "left": left,
+            "stayed": stayed,
+            "n": n,
+            "odd_left": odd == left,
+            "bar": short[-1].quote.text.strip()[:120] if short else None,
+        },
+        status="hung",
+    )

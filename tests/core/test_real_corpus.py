@@ -36,6 +36,15 @@ def _meta(side: Path) -> dict:
 # answer). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
 # counts them as wrong.
 KNOWN_MISSES = {
+    "dataloader_stall__pytorch-pytorch-87995": "category right; the culprit rank 0 is named only by the poster's "
+    "own words above the dump ('The stack for rank0:'), no emitter's",
+    "conditional_collective__pytorch-pytorch-77562": "one rank's watchdog timeout in an all-gather: the waiting "
+    "side only (read: unknown, a rank that never joined the usual cause)",
+    "conditional_collective__tenstorrent-tt-metal-38695": "the app's own per-rank lines: rank 1 waits for rank 0 "
+    "to build a weight cache on NFS while rank 0 converts; that the ranks then issue different collectives is "
+    "the thread's",
+    "conditional_collective__allenai-allennlp-5088": "a hand-rolled stack dump ('######### ProcessID=..., "
+    "ThreadID=...', 'File: \"...\", line N, in f') cut above the frame that waits",
     "conditional_collective__sgl-project-sglang-22607": "two py-spy stacks retyped without their process and thread "
     "lines, their ranks named only in the poster's prose ('TP0 stuck forever in:', 'TP1-3 ... waiting in:')",
     "rank_crashed__haotian-liu-LLaVA-447": "watchdog timeouts with ranks 6 and 7 three collectives behind the others "

@@ -199,3 +199,38 @@ def test_a_garbled_rng_state_from_a_broadcast_is_a_divergence_of_no_named_rank()
         rc.culprit.ranks == []
     )  # rank 1 received rank 0's broadcast wrong: which rank diverged, it cannot say
     assert rc.confidence < 0.7
+
+
+# NCCL's line when a process takes its communicator down (init.cc), as EleutherAI/sparsify #68 shows it.
+ENDED = "node:35{r}:39{r} [{r}] NCCL INFO comm 0xcf4437{r} rank {r} nranks 4 cudaDev {r} busId {r}00000 - Abort COMPLETE\n"
+BAR = "Training: 100%|█████████▉| 13907/13908 [1:58:03<00:00,  1.96it/s]\n"
+
+
+def test_ranks_that_took_their_communicator_down_with_no_error_left_the_others_waiting():
+    v = verdict(BAR + "".join(ENDED.format(r=r) for r in (3, 2, 1)))
+    rc = v.root_cause
+    assert rc.category == "conditional_collective"
+    assert rc.culprit.ranks == [0]  # the one rank that never finished
+    assert "13907/13908" in rc.summary
+
+
+def test_aborts_after_a_timeout_are_the_teardown_not_ranks_that_finished():
+    timeout = (
+        "[rank0]:[E ProcessGroupNCCL.cpp:828] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800002 milliseconds before timing out.\n"
+    )
+    v = verdict(timeout + "".join(ENDED.format(r=r) for r in (3, 2, 1)))
+    assert "ranks_left_early" not in {f.playbook for f in v.findings}
+
+
+def test_a_segfault_before_a_desync_report_is_the_named_rank_dying():
+    # NVIDIA/nccl #2213: Abseil's signal report, then rank 0's watchdog and its desync report about rank 1.
+    text = (
+        "*** SIGSEGV received at time=1775734074 on cpu 19 ***\n"
+        "PC: @     0xe1e2567f5014  (unknown)  ncclLocalOpAppend()\n"
+        "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1155874, OpType=ALLREDUCE, "
+        "NumelIn=9445376, NumelOut=9445376, Timeout(ms)=1800000) ran for 1800002 milliseconds before timing out.\n"
+        "[1] finished collective #1155873, but didn't join collective #1155874\n"
+    )
+    rc = verdict(text).root_cause
+    assert rc.category == "rank_crashed" and rc.culprit.ranks == [1]
