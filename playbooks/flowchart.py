@@ -292,7 +292,7 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
             status="failed" if not facts.ev.live else "hung",
         )
         return
-    same = _same_number_disagreement(facts)
+    same = _same_number_disagreement(facts) or _timeout_size_disagreement(facts)
     if same:
         ranks, gpus, quotes, detail = same
         hosts = sorted(set(facts.hosts_of(ranks)) | {g.rsplit(":", 1)[0] for g in gpus})
@@ -326,6 +326,45 @@ def collective_mismatch(facts: Facts) -> Iterator[Match]:
         {**_crowd_ctx(facts), "ranks": odd, "detail": "", "ops": ops, "call_site": crowd.call_site},
         status="hung",
     )
+
+
+# Collectives whose every rank passes the same number of elements (torch.distributed's contract for each: an
+# all-to-all's splits, a gather's root, may differ by design and are left out).
+_SAME_SIZE_OPS = frozenset({
+    "allreduce", "broadcast", "allgather", "_allgather_base", "allgather_into_tensor_coalesced", "reduce_scatter",
+    "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "reduce", "barrier",
+})  # fmt: skip
+
+
+def _timeout_size_disagreement(facts: Facts) -> tuple[list[int], list[str], list[Quote], str] | None:
+    """Watchdog timeouts of several ranks at one SeqNum of one process group, in the same op, with different NumelIn.
+
+    ProcessGroupNCCL numbers each group's collectives in the order a rank issues them: at the same number every
+    rank is in the same call, which must carry the same number of elements. Ranks timed out there with different
+    sizes disagree on that call (a tensor whose shape differs by rank): the fewer side is named, a tie names none.
+    """
+    at: dict[tuple, dict[int, tuple[int, Quote]]] = defaultdict(dict)
+    for c in facts.ev.collectives:
+        if c.origin != "torch_log" or c.rank is None or c.seq is None or not isinstance(c.numel_in, int):
+            continue
+        if c.op not in _SAME_SIZE_OPS or c.quote is None:
+            continue
+        at[(c.pg, c.seq, c.op)][c.rank] = (c.numel_in, c.quote)
+    for (_pg, seq, op), per in sorted(at.items(), key=lambda kv: (kv[0][1], str(kv[0]))):
+        sizes = {n for n, _ in per.values()}
+        if len(per) < 2 or len(sizes) < 2:
+            continue
+        by_size: dict[int, list[int]] = defaultdict(list)
+        for r, (n, _) in per.items():
+            by_size[n].append(r)
+        groups = sorted(by_size.values(), key=len)
+        ranks = sorted(groups[0]) if len(groups[0]) < len(groups[1]) else []
+        detail = f"{op} #{seq}: " + ", ".join(
+            f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, sorted(rs)))} {n:,} elements"
+            for n, rs in sorted(by_size.items())
+        )
+        return ranks, [], [q for _, q in per.values()], detail
+    return None
 
 
 def _same_number_disagreement(facts: Facts) -> tuple[list[int], list[str], list[Quote], str] | None:
@@ -853,11 +892,17 @@ def sequence_divergence(facts: Facts) -> Iterator[Match]:
     silent = sorted(set(range(ws)) - set(last)) if ws and len(last) >= ws // 2 else []
     # Same sequence number, different operation or size: a mismatch, not a skip.
     at_top = {r: per_rank[r].get(top) for r in last if last[r] == top and top in per_rank.get(r, {})}
-    kinds = {(c.op, c.numel_in, c.dtype) for c in at_top.values() if c is not None}
+
+    def call(
+        c,
+    ) -> tuple:  # what every rank's call at one number must share (an all-to-all's sizes may differ)
+        return (c.op, c.numel_in if c.op in _SAME_SIZE_OPS else None, c.dtype)
+
+    kinds = {call(c) for c in at_top.values() if c is not None}
     if len(kinds) > 1 and not behind:
         sig: dict[tuple, list[int]] = defaultdict(list)
         for r, c in at_top.items():
-            sig[(c.op, c.numel_in, c.dtype)].append(r)
+            sig[call(c)].append(r)
         minority = min(sig.values(), key=len)
         yield Match(
             "collective_mismatch",

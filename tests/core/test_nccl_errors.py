@@ -298,3 +298,35 @@ def test_a_cuda_failure_in_set_up_that_is_not_memory_stays_the_gpus():
     )
     v, _ = verdict(text)
     assert v.root_cause.category == "gpu_fault"
+
+
+def test_watchdog_timeouts_at_one_seqnum_with_different_sizes_are_a_mismatch_not_a_rank_behind():
+    # modelscope/ms-swift #10183: the same BROADCAST #7219 with 64 elements on rank 3 and 24,084,544 on rank 2;
+    # rank 3 had enqueued #7220 (its program went on), which is no sign of rank 2 lagging.
+    text = (
+        "[rank3]:[E918 19:29:24.436955737 ProcessGroupNCCL.cpp:689] [Rank 3] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=7219, OpType=BROADCAST, NumelIn=64, NumelOut=64, Timeout(ms)=3000000) ran for "
+        "3000097 milliseconds before timing out.\n"
+        "[rank3]:[E918 19:29:24.440481846 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 3]  failure "
+        "detected by watchdog at work sequence id: 7219 PG status: last enqueued work: 7220, last completed work: 7218\n"
+        "[rank2]:[E918 19:29:25.950601628 ProcessGroupNCCL.cpp:689] [Rank 2] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=7219, OpType=BROADCAST, NumelIn=24084544, NumelOut=24084544, Timeout(ms)=3000000) "
+        "ran for 3000074 milliseconds before timing out.\n"
+        "[rank2]:[E918 19:29:25.950900997 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure "
+        "detected by watchdog at work sequence id: 7219 PG status: last enqueued work: 7219, last completed work: 7218\n"
+    )
+    v, _ = verdict(text)
+    rc = v.root_cause
+    assert rc.category == "collective_mismatch"
+    assert rc.culprit.ranks == []  # two ranks, two sizes: which one diverged, the text cannot say
+    assert "24,084,544" in rc.summary
+
+
+def test_an_all_to_all_with_uneven_splits_is_no_mismatch():
+    line = (
+        "[rank{r}]:[E918 19:29:24.436955737 ProcessGroupNCCL.cpp:689] [Rank {r}] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=12, OpType=ALLTOALL_BASE, NumelIn={n}, NumelOut={n}, "
+        "Timeout(ms)=600000) ran for 600097 milliseconds before timing out.\n"
+    )
+    v, _ = verdict(line.format(r=0, n=100) + line.format(r=1, n=160))
+    assert v.root_cause.category != "collective_mismatch"
