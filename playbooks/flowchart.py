@@ -893,9 +893,8 @@ def sequence_divergence(facts: Facts) -> Iterator[Match]:
     # Same sequence number, different operation or size: a mismatch, not a skip.
     at_top = {r: per_rank[r].get(top) for r in last if last[r] == top and top in per_rank.get(r, {})}
 
-    def call(
-        c,
-    ) -> tuple:  # what every rank's call at one number must share (an all-to-all's sizes may differ)
+    # What every rank's call at one number must share (an all-to-all's sizes may differ by design).
+    def call(c) -> tuple:
         return (c.op, c.numel_in if c.op in _SAME_SIZE_OPS else None, c.dtype)
 
     kinds = {call(c) for c in at_top.values() if c is not None}

@@ -308,7 +308,13 @@ def nccl_trace_in_setup(facts: Facts) -> Iterator[Match]:
     if not setup:
         return
     t = setup[0]
-    first = min((x for x in traces if x.quote.source == t.quote.source), key=lambda x: x.quote.line)
+    # The first line of t's own trace: the trace lines run on, at most a line apart, up to t.
+    same = sorted((x for x in traces if x.quote.source == t.quote.source), key=lambda x: x.quote.line)
+    first = t
+    for x in reversed([x for x in same if x.quote.line < t.quote.line]):
+        if first.quote.line - x.quote.line > 2:
+            break
+        first = x
     began = [
         e
         for e in facts.ev.events

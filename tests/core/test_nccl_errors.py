@@ -330,3 +330,15 @@ def test_an_all_to_all_with_uneven_splits_is_no_mismatch():
     )
     v, _ = verdict(line.format(r=0, n=100) + line.format(r=1, n=160))
     assert v.root_cause.category != "collective_mismatch"
+
+
+def test_only_the_trace_through_init_counts_not_an_earlier_one_of_the_data_path():
+    text = (
+        "node1:1:2 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion with error 12\n"
+        "node1:1:2 [0] NCCL INFO transport/net.cc:1040 -> 6\nnode1:1:2 [0] NCCL INFO proxy.cc:1234 -> 6\n"
+        + "\n" * 20
+        + OOM_582
+    )
+    v, _ = verdict(text)
+    f = next(f for f in v.findings if f.playbook == "nccl_trace_in_setup")
+    assert "out of memory" in f.summary and "Got completion" not in f.summary
