@@ -54,6 +54,9 @@ _RAY = re.compile(
 _SGLANG = re.compile(r"\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d )?TP(\d{1,5})(?: EP\d{1,5})?\] ")
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
 _GUTTER = re.compile(r"\[(\d{1,9})\] ")
+# NCCL's own `[dev] ` before its message when the host:pid:tid part is gone (`[10] NCCL INFO ...`, `[10]
+# ./src/include/alloc.h:58 NCCL WARN ...`): the CUDA device the line is about, never a log viewer's line number.
+_NCCL_AFTER_DEV = re.compile(r"(?:\S{1,300}\.(?:cc|cu|h|c|cpp):\d{1,6} )?NCCL (?:INFO|WARN|TRACE|ABORT)\b")
 _HOST = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,62}): ")
 _GREP_H = re.compile(
     r"((?:[\w.\-]{1,128}/){0,16}[\w.\-]{1,128}\.(?:log|txt|out|err|stderr|stdout|trace))(?::(\d{1,9}))?[:\-]"
@@ -269,7 +272,12 @@ class Normaliser:
         if self._gutter is not None and 0 < n - self._gutter <= 50:
             self._gutter = n
             return True
-        if self._gutter is None and n >= 10 and not rest.startswith(("Timeout at", "joined", "finished")):
+        if (
+            self._gutter is None
+            and n >= 10
+            and not rest.startswith(("Timeout at", "joined", "finished"))
+            and not _NCCL_AFTER_DEV.match(rest)
+        ):
             self._gutter = n
             return True
         return False

@@ -44,9 +44,9 @@ _HEADER = re.compile(r"NVIDIA-SMI \S+\s+Driver Version: (\S+)")
 _ROW1 = re.compile(r"^\s*(\d+)\s+(\S(?:.*\S)?)\s+(On|Off)\s*$")
 _ROW1_BUS = re.compile(rf"^\s*({_BUS})\s+(\S+)\s*$")
 # (?<!..): a search starts at the first digit of a number only (linear on a long run of digits)
-_POWER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)W\s*/\s*(?:(\d+(?:\.\d+)?)W|N/A)")
-_MEM = re.compile(r"(?<!\d)(\d+)MiB\s*/\s*(\d+)MiB")
-_UTIL = re.compile(r"^\s*(\d+)%")
+_POWER = re.compile(r"(?<![\d.])(\d{1,9}(?:\.\d{1,6})?)W\s*/\s*(?:(\d{1,9}(?:\.\d{1,6})?)W|N/A)")
+_MEM = re.compile(r"(?<!\d)(\d{1,12})MiB\s*/\s*(\d{1,12})MiB")
+_UTIL = re.compile(r"^\s*(\d{1,9})%")
 _PROC = re.compile(
     r"^\s*(\d+)\s+(?:(N/A|\d+)\s+(N/A|\d+)\s+)?(\d+)\s+(C\+G|M\+C|C|G|M)(?:\s+(\S(?:.*\S)?))??\s+(\d+MiB|N/A)\s*$"
 )
@@ -145,7 +145,7 @@ def _number(value: str) -> tuple[float | None, bool]:
     v = value.strip()
     if any(v.startswith(e) for e in _ERRORS):
         return None, True
-    m = re.match(r"^(-?\d+(?:\.\d+)?)", v)
+    m = re.match(r"^(-?\d{1,15}(?:\.\d{1,9})?)(?!\d)", v)
     return (float(m.group(1)), False) if m else (None, False)
 
 

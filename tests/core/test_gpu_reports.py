@@ -235,3 +235,14 @@ def test_a_bare_fail_row_outside_dcgms_box_is_not_a_gpu_fault(tmp_path):
     text = "| test | result |\n|---|---|\n| test_allreduce | Fail |\n| test_broadcast | Pass |\n"
     ev, _ = _verdict(tmp_path, text)
     assert not ev.events_of("dcgm_diag_fail")
+
+
+def test_an_absurdly_long_number_in_nvidia_smi_is_no_number_not_infinity():
+    # A mutated table (found by tests/core/test_fuzz.py): float() of 400 digits is inf, which no playbook can round.
+    from hangdx.playbooks import engine
+    from hangdx.probes.bundle import evidence_from_paths
+
+    row = "| N/A   45C    P0   " + "9" * 400 + "W / 400W |  79000MiB / 81920MiB |    100%      Default |\n"
+    ev = evidence_from_paths(["-"], stdin=row.encode())
+    assert all(g.power_w is None or g.power_w < 1e12 for g in ev.gpus)
+    assert not [g for g in engine.run(ev).gaps if g.startswith("playbook ")]

@@ -451,3 +451,21 @@ def test_a_vllm_worker_that_raised_is_the_rank_that_died(tmp_path):
     _, v = _verdict(tmp_path, text)
     assert v.root_cause.category == "rank_crashed"
     assert v.root_cause.culprit.ranks == [1]
+
+
+def test_nccls_device_prefix_is_not_a_log_viewers_line_number():
+    # NVIDIA/nccl #582: NCCL lines that kept only their `[dev] ` prefix; a viewer's gutter still counts up.
+    n = Normaliser()
+    (ln,) = n.line(
+        1, "[10] ./third_party/gpus/nccl/src/include/alloc.h:58 NCCL WARN Cuda failure 'out of memory'"
+    )
+    assert ln.text.startswith("[10] ./third_party")
+    (ln,) = n.line(2, "[10] NCCL INFO third_party/gpus/nccl/src/transport/p2p.cc:164 -> 1")
+    assert ln.text.startswith("[10] NCCL INFO")
+    g = Normaliser()
+    assert [
+        ln.text for i, t in enumerate(("[1743] a line", "[1744] the next"), 1) for ln in g.line(i, t)
+    ] == [
+        "a line",
+        "the next",
+    ]
