@@ -138,6 +138,10 @@ def _read_text(data: bytes, src: Source, ev: Evidence, sniffed: ModuleType | Non
         name = sniffed.KIND
     else:
         name = max(set(kinds), key=lambda k: sum(r.lines for r in report.regions if r.kind == k))
+        # The reader names PyTorch's and NCCL's lines by their shared family; a text too short for either sniff
+        # (a torchrun log cut in its second line) with no NCCL line in it is PyTorch's.
+        if name == "nccl_log" and b"NCCL" not in data[:HEAD_BYTES]:
+            name = "torch_log"
     loud = [m.KIND for m in parsers() if m.KIND in kinds and not getattr(m, "QUIET_WHEN_EMPTY", False)]
     if _size(ev) == before and not quiet and loud:
         what = name if len(family) == 1 else " and ".join(sorted(set(kinds)))

@@ -497,6 +497,16 @@ def test_a_prefixed_nccl_log_cut_anywhere_is_still_read_as_nccl():
         assert all(e.rank == 12 for e in ev.events), cut
 
 
+def test_a_torchrun_log_cut_in_its_second_line_is_named_a_pytorch_log():
+    """Too short for either sniff, glog lines of torchrun's own with no NCCL line were named an NCCL log that read
+    nothing: neither the kind the text is nor a gap (found by the truncation fuzz above)."""
+    whole = next(d for k, n, d in CORPUS if n == "two_pods_trainer_node0.log")
+    second = whole.index(b"\n") + 1
+    for cut in range(whole.index(b"] *", second) + 3, whole.index(b"\n", second)):
+        ev = Evidence()
+        assert parse_artifact(whole[:cut], Source("cut.log"), ev) == "torch_log", cut
+
+
 # -- huge inputs made of real lines ----------------------------------------------------------------------
 
 BIG = 5_000_000
