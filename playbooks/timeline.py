@@ -227,7 +227,14 @@ _STAGES = {
     # (HF datasets and hub, triton's autotune, torch extensions) sit on shared home or project file systems where a
     # lock is slow to get or outlives its holder (the usual fix: the cache on local disk, the stale lock removed).
     "file_lock_wait": ("io_stall", "file_lock"),
+    # NCCL's communicator set-up (src/init.cc: bootstrap, the network and topology choice, the channels' connections)
+    # prints its INFO lines in order and ends with `Init COMPLETE`; a job whose every process stops among them, no
+    # communicator complete and no collective run, is stuck in that set-up: a peer that never connects (a firewall or
+    # blocked port on the interface NCCL chose, the wrong interface, a rank that never started).
+    "nccl_setup": ("comm_init_failure", "nccl_setup"),
 }
+# Event kinds that are lines of NCCL's set-up (an `nccl_init` only when it is no `Init COMPLETE`), read as one stage.
+_NCCL_SETUP_KINDS = ("nccl_setup", "nccl_net", "nccl_init")
 
 
 _TRAILING = (
@@ -249,9 +256,13 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
     if facts.have_stacks:
         return
     last: dict[tuple[str, int | None, str | None], LogEvent] = {}
-    for e in facts.ev.events:
-        last[(e.quote.source, e.rank, e.host)] = e
+    for e in facts.ev.events:  # by line: the catalogue's events come after the region parsers' in the list
+        key = (e.quote.source, e.rank, e.host)
+        if key not in last or e.quote.line >= last[key].quote.line:
+            last[key] = e
     kinds = {e.kind for e in last.values()}
+    if kinds <= set(_NCCL_SETUP_KINDS) and _in_nccl_setup(facts, kinds):
+        kinds = {"nccl_setup"}
     if len(kinds) != 1 or next(iter(kinds)) not in _STAGES:
         return  # some process logged something else last: it went on, or stopped elsewhere
     kind = next(iter(kinds))
@@ -265,15 +276,32 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
     roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(kind) if e.fields.get("root")})
     yield Match(
         category,
-        0.45,
+        0.4 if kind == "nccl_setup" else 0.45,  # NCCL's set-up lines may also just be all a poster kept
         Culprit(
             ranks=sorted({e.rank for e in stuck if e.rank is not None}),
             hosts=sorted({e.host for e in stuck if e.host}),
         ),
         [e.quote for e in stuck[:4]],
-        {"stage": stage, "roots": roots, "lines": len(stuck), "last": stuck[0].quote.text[:200]},
+        {
+            "stage": stage,
+            "roots": roots,
+            "lines": len(stuck),
+            "last": stuck[0].quote.text[:200],
+            "one_host": len({e.host for e in stuck if e.host}) == 1,
+        },
         status="hung",
         template="stopped_at_stage",
+    )
+
+
+def _in_nccl_setup(facts: Facts, kinds: set[str]) -> bool:
+    """Every process's last word a line of NCCL's set-up, and nothing read past it: no communicator's `Init
+    COMPLETE` or teardown, no collective, and a set-up line beyond NCCL's version banner (NCCL_DEBUG=VERSION prints
+    only that, whatever the job does next)."""
+    if facts.ev.collectives or not kinds & {"nccl_setup", "nccl_net"}:
+        return False
+    return not any(
+        e.fields.get("complete") or e.fields.get("action") for e in facts.ev.events_of("nccl_init")
     )
 
 

@@ -291,8 +291,38 @@ def parse_nccl_lines(
             continue
         ev.note_host(nl.host)
     _finish_collectives(st, src, ev)
+    _setup_tail(nccl, src, ev, first_event)
     _fill_ranks(st, ev.events[first_event:])
     _mark_stages(nccl, ev.events[first_event:])
+
+
+# Lines NCCL prints when a communicator goes down (ncclCommDestroy / ncclCommAbort, the proxy's service thread
+# seeing a local rank leave): past set-up, whatever came before.
+_TEARDOWN = re.compile(
+    r"Destroy COMPLETE|Abort COMPLETE|\[Service thread\]|ncclComm(?:Destroy|Abort|Finalize)|[Ff]inaliz"
+)
+
+
+def _setup_tail(nccl: list[NcclLine], src: Source, ev: Evidence, first_event: int) -> None:
+    """Where NCCL's lines stop inside communicator set-up (every NCCL line is set-up INFO: bootstrap, network and
+    topology choice, channels and their connections; no `Init COMPLETE`, no collective, no warning, no error's
+    return trace, no teardown),
+    its last line becomes an `nccl_setup` event (unless it already made one), so that what reads where each process
+    stopped sees it (playbooks/timeline.py, stopped_at_stage)."""
+    if not nccl or any(nl.level != "INFO" for nl in nccl):
+        return
+    for nl in nccl:
+        if (
+            "Init COMPLETE" in nl.msg
+            or _COLL.match(nl.msg)
+            or _TEARDOWN.search(nl.msg)
+            or _TRACE.match(nl.msg)
+        ):
+            return  # past set-up, or an error's return trace (`enqueue.cc:1960 -> 5`): the failure speaks
+    last = nccl[-1]
+    if any(e.quote.line == last.lineno for e in ev.events[first_event:]):
+        return
+    _event("nccl_setup", last, src, ev, message=last.msg[:300])
 
 
 # Where a failure happened, from the failing line and NCCL's error trace after it (`init.cc:1234 -> 2`, `proxy.cc:614

@@ -234,3 +234,43 @@ def test_a_segfault_before_a_desync_report_is_the_named_rank_dying():
     )
     rc = verdict(text).root_cause
     assert rc.category == "rank_crashed" and rc.culprit.ranks == [1]
+
+
+NCCL_SETUP = """\
+node1:2301:2301 [0] NCCL INFO Bootstrap : Using eth0:10.1.0.11<0>
+node1:2301:2301 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation
+node2:4410:4410 [0] NCCL INFO Bootstrap : Using eth0:10.1.0.12<0>
+node1:2301:2390 [0] NCCL INFO NET/IB : No device found.
+node1:2301:2390 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.0.11<0>
+node1:2301:2390 [0] NCCL INFO Using network Socket
+node2:4410:4470 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.0.12<0>
+node2:4410:4470 [0] NCCL INFO Using network Socket
+node1:2301:2390 [0] NCCL INFO Channel 00/02 :    0   1
+"""
+
+
+def test_every_process_stopped_inside_nccl_set_up_is_a_set_up_that_never_finished():
+    v = verdict(NCCL_SETUP)
+    assert v.root_cause.category == "comm_init_failure", v.root_cause
+    assert v.root_cause.confidence < 0.5  # the text may simply end there
+    assert "Init COMPLETE" in v.root_cause.summary
+
+
+def test_nccl_set_up_that_completed_or_went_on_is_not_where_the_job_stopped():
+    done = "node1:2301:2390 [0] NCCL INFO comm 0x55d0 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+    went_on = (
+        'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nValueError: bad shape\n'
+    )
+    banner = "node1:2301:2301 [0] NCCL INFO NCCL version 2.18.1+cuda12.1\n"
+    for text in (NCCL_SETUP + done, NCCL_SETUP + went_on, banner * 2):
+        assert not any(f.playbook == "stopped_at_stage" for f in verdict(text).findings), text
+
+
+def test_a_file_lock_the_file_system_cannot_grant_is_an_io_stall():
+    loop = (
+        'open("test.lock", O_RDWR|O_CREAT|O_TRUNC|O_CLOEXEC, 0777) = 3\n'
+        "flock(3, LOCK_EX|LOCK_NB)               = -1 ENOSYS (Function not implemented)\n"
+        "close(3)                                = 0\n"
+        "select(0, NULL, NULL, NULL, {0, 50000}) = 0 (Timeout)\n"
+    )
+    assert verdict(loop * 3).root_cause.category == "io_stall"
