@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+from hangdx.probes.normalise import same_host
 from hangdx.zoo.launch import FAULTS, REALISTIC, ZooJob
 
 
@@ -117,7 +118,7 @@ def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = Fal
             row[2] += (
                 found == expected
                 and {int(r) for r in got.get("ranks") or []} == want_ranks
-                and want_hosts <= {str(h) for h in got.get("hosts") or []}
+                and all(any(same_host(h, str(g)) for g in got.get("hosts") or []) for h in want_hosts)
             )
     print(f"{'category':24} {'category right':>15} {'culprit right':>14}")
     print("-" * 55)

@@ -17,6 +17,7 @@ import yaml
 
 from hangdx.playbooks import engine
 from hangdx.probes.bundle import evidence_from_paths
+from hangdx.probes.normalise import same_host
 
 REAL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "real"
 
@@ -51,7 +52,9 @@ class Result:
 
     @property
     def culprit_right(self) -> bool:
-        return set(self.case.ranks) == set(self.ranks) and set(self.case.hosts) <= set(self.hosts)
+        return set(self.case.ranks) == set(self.ranks) and all(
+            any(same_host(h, g) for g in self.hosts) for h in self.case.hosts
+        )
 
 
 def cases(folder: Path = REAL) -> list[Case]:

@@ -152,6 +152,16 @@ def overwritten(text: str) -> str:
     return ""
 
 
+def same_host(a: str, b: str) -> bool:
+    """One host under two names: equal, or a short name and a fully qualified one it begins (`ip-10-0-1-7` and
+    `ip-10-0-1-7.ec2.internal`); an IP address only as itself."""
+    a, b = a.lower().rstrip("."), b.lower().rstrip(".")
+    if a == b:
+        return True
+    short, full = (a, b) if len(a) < len(b) else (b, a)
+    return "." not in short and not short.isdigit() and full.startswith(short + ".") and not full[0].isdigit()
+
+
 def is_host_label(label: str) -> bool:
     if _NOT_HOST.search(label) or label.isupper() or label.isdigit():
         return False
