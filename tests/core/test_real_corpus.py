@@ -16,6 +16,7 @@ import yaml
 
 from hangdx.playbooks import engine
 from hangdx.probes.bundle import evidence_from_paths
+from hangdx.probes.normalise import same_host
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "real"
 CASES = sorted(REAL.glob("*.yaml"))
@@ -36,12 +37,20 @@ def _meta(side: Path) -> dict:
 # answer). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
 # counts them as wrong.
 KNOWN_MISSES = {
+    "collective_mismatch__bghira-SimpleTuner-3099": "one rank's watchdog timeout on an ALLGATHER, wrapped: the waiting "
+    "side only (read: unknown); the ranks' diverging data sources are the thread's",
+    "gpu_fault__vllm-project-vllm-9920": "a clean two-GPU NCCL set-up (SHM channels) and a generate() at 0%: nothing "
+    "names the PCIe ACS/IOMMU path the thread found",
+    "network_fault__horovod-horovod-147": "NCCL 2.1's lines carry no `NCCL` word (`[1] include/socket.h:194 WARN Call "
+    "to recv failed : Connection reset by peer`, a trace through bootstrap.cu and init.cu): read as a peer that "
+    "closed its socket (rank_crashed); the thread's broken IB stack is belief only",
     "conditional_collective__CarperAI-trlx-373": "one rank's watchdog timeout: the waiting side only (read: unknown)",
     "rank_crashed__NVIDIA-nccl-863": "three gdb frames of a process stuck in ncclCommAbort's commReclaim (read as a "
     "wait in the process's own teardown, user_deadlock); that a killed peer blocks that NCCL release's reclaim is "
     "the thread's",
-    "gpu_fault__Lightning-AI-pytorch-lightning-18221": "Lightning's start-up lines only: the GPU fault is the "
-    "thread's",
+    "gpu_fault__Lightning-AI-pytorch-lightning-18221": "Lightning's start-up lines, then NCCL's set-up lines on one "
+    "host and nothing more: read as a set-up that never finished (comm_init_failure, with peer-to-peer named as the "
+    "usual cause on one host); the broken GPU peer-to-peer path is the thread's",
     "dataloader_stall__pytorch-pytorch-87995": "category right; the culprit rank 0 is named only by the poster's "
     "own words above the dump ('The stack for rank0:'), no emitter's",
     "conditional_collective__pytorch-pytorch-77562": "one rank's watchdog timeout in an all-gather: the waiting "
@@ -81,8 +90,6 @@ KNOWN_MISSES = {
     "half the ranks: an app's message with its rank inside the line, not read as uneven data",
     "io_stall__marin-community-marin-8534": "a timeline the poster wrote by hand ('task 12 still reading'): no "
     "emitter's line",
-    "network_fault__NVIDIA-nccl-2013": "ibv_modify_qp INIT->RTR timed out: read as a connection set-up failure "
-    "(comm_init_failure, the row's reading); that the RoCE rails could not reach each other is the thread's",
     "comm_init_failure__NVIDIA-nccl-697": "NCCL's `NET/Socket : Using` interface list broken into one line per "
     "interface by the paste: the Docker bridges it picked are not read from a list cut that way",
     "conditional_collective__pytorch-pytorch-141069": "only the waiting side's watchdog timeouts on a 1-element "
@@ -170,7 +177,7 @@ def test_a_real_case_gets_the_category_and_culprit_its_thread_confirmed(side):
     if culprit.get("ranks"):
         assert sorted(set(rc.culprit.ranks)) == sorted(set(culprit["ranks"])), rc.summary
     if culprit.get("hosts"):
-        assert set(culprit["hosts"]) <= set(rc.culprit.hosts), rc.summary
+        assert all(any(same_host(h, g) for g in rc.culprit.hosts) for h in culprit["hosts"]), rc.summary
 
 
 @pytest.mark.parametrize("side", CASES, ids=[c.stem for c in CASES])
