@@ -218,6 +218,7 @@ _OTHER_WORK = ("eval", "valid", "test", "predict", "generat", "sampl", "sav", "c
                "preprocess", "tokeniz", "map", "load", "download", "cach")  # fmt: skip
 _WRITING = ("sav", "checkpoint", "ckpt", "export", "writ")
 _WAIT_KINDS = (
+    "store_timeout",  # a store client's wait for a key other ranks set (a store-based barrier, rendezvous)
     "watchdog_timeout",
     "gloo_timeout",
     "work_progress",
