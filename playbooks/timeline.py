@@ -232,6 +232,10 @@ _STAGES = {
     # communicator complete and no collective run, is stuck in that set-up: a peer that never connects (a firewall or
     # blocked port on the interface NCCL chose, the wrong interface, a rank that never started).
     "nccl_setup": ("comm_init_failure", "nccl_setup"),
+    # The store client's connection (c10d socket.cpp) is init_process_group's first step; after it the process waits
+    # in the store for every rank, then for the backend's own connections: a last word there is a stop in set-up.
+    "store_connected": ("comm_init_failure", "store_setup"),
+    "store_connecting": ("comm_init_failure", "store_setup"),
 }
 # Event kinds that are lines of NCCL's set-up (an `nccl_init` only when it is no `Init COMPLETE`), read as one stage.
 _NCCL_SETUP_KINDS = ("nccl_setup", "nccl_net", "nccl_init")
@@ -263,10 +267,14 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
     kinds = {e.kind for e in last.values()}
     if kinds <= set(_NCCL_SETUP_KINDS) and _in_nccl_setup(facts, kinds):
         kinds = {"nccl_setup"}
+    if kinds <= {"store_connecting", "store_connected"}:
+        kinds = {"store_connected"} if kinds else kinds
     if len(kinds) != 1 or next(iter(kinds)) not in _STAGES:
         return  # some process logged something else last: it went on, or stopped elsewhere
     kind = next(iter(kinds))
     category, stage = _STAGES[kind]
+    if stage == "store_setup" and (facts.ev.collectives or facts.ev.events_of("nccl_init")):
+        return  # a process group that went on to create its communicator got past the store
     stuck = list(last.values())
     for source in {e.quote.source for e in stuck}:
         end = facts.ev.last_lines.get(source)
@@ -276,7 +284,7 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
     roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(kind) if e.fields.get("root")})
     yield Match(
         category,
-        0.4 if kind == "nccl_setup" else 0.45,  # NCCL's set-up lines may also just be all a poster kept
+        0.4 if category == "comm_init_failure" else 0.45,  # set-up lines may also be all a poster kept
         Culprit(
             ranks=sorted({e.rank for e in stuck if e.rank is not None}),
             hosts=sorted({e.host for e in stuck if e.host}),

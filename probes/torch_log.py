@@ -97,7 +97,10 @@ _UNITS.update({"GB": 10**9, "TB": 10**12})
 _PG_HEADER = re.compile(r"ProcessGroup\w{1,40}\.cpp:\d+\]")  # bounded: linear on a long word
 
 # c10's `[E1122 01:48:50.682679688 File.cpp:123] ` and torchrun's `E1122 01:48:41.280000 8238 x/api.py:1002] `.
-_C10_HEADER = re.compile(r"\[?[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+(?: \d+)? ?[^\s\]]+:\d+\] ")
+# c10's logger: `[I1122 01:40:12.000000 123 socket.cpp:752] ` with glog, `[I socket.cpp:580] ` (no time) without it.
+_C10_HEADER = re.compile(
+    r"\[?[EWIF](?:\d{4} \d\d:\d\d:\d\d\.\d+(?: \d+)? ?[^\s\]]+| [\w.\-/]{1,120}\.(?:cpp|cc|c|h|hpp|cu)):\d+\] "
+)
 # The last line of a Python traceback: `torch.OutOfMemoryError: ...`, `RuntimeError: NCCL error ...`.
 _EXC_HINT = re.compile(r"(?:Error|Exception|Interrupt|Exit)$")
 

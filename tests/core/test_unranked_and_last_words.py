@@ -274,3 +274,36 @@ def test_a_file_lock_the_file_system_cannot_grant_is_an_io_stall():
         "select(0, NULL, NULL, NULL, {0, 50000}) = 0 (Timeout)\n"
     )
     assert verdict(loop * 3).root_cause.category == "io_stall"
+
+
+STORE_CONNECT = """\
+[I socket.cpp:580] [c10d - debug] The client socket will attempt to connect to an IPv6 address of (master-0, 23456).
+[I socket.cpp:648] [c10d - trace] The client socket is attempting to connect to [10.1.0.200]:23456.
+[I socket.cpp:725] [c10d] The client socket has connected to [10.1.0.200]:23456 on [worker-0]:38244.
+"""
+
+
+def test_every_process_stopped_after_connecting_to_the_store_is_stuck_in_rendezvous():
+    v = verdict(STORE_CONNECT)
+    assert v.root_cause.category == "comm_init_failure", v.root_cause
+    assert "init_process_group" in v.root_cause.summary
+
+
+def test_a_process_group_that_went_on_past_the_store_is_not_stopped_there():
+    nccl = "node1:2301:2390 [0] NCCL INFO comm 0x55d0 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+    step = "step 10 loss 2.31\n" * 3
+    for text in (STORE_CONNECT + nccl, STORE_CONNECT + step):
+        assert not any(f.playbook == "stopped_at_stage" for f in verdict(text).findings), text
+
+
+def test_a_store_wait_that_timed_out_while_data_preparation_went_on_is_a_straggler():
+    bar = "Tokenizing Prompts (num_proc=64):  92%|█████████▏| 328986/359152 [29:58<12:05, 41.59 examples/s]"
+    text = (
+        bar + "[rank1]:[W516 14:34:56.853490829 socket.cpp:464] [c10d] waitForInput: poll for socket "
+        "SocketImpl(fd=79, addr=[localhost]:41170, remote=[localhost]:29500) returned 0, likely a timeout\n"
+        "[rank1]:[W516 14:34:56.854597329 socket.cpp:489] [c10d] waitForInput: socket SocketImpl(fd=79, "
+        "addr=[localhost]:41170, remote=[localhost]:29500) timed out after 1800000ms\n"
+    )
+    v = verdict(text)
+    assert v.root_cause.category == "straggler", v.root_cause
+    assert v.root_cause.culprit.ranks == [0]  # the one rank not waiting: ranks count from 0
