@@ -223,6 +223,9 @@ def after_finish(facts: Facts) -> Iterator[Match]:
 _STAGES = {
     "extension_build": ("user_deadlock", "extension"),
     "dataloader_start": ("dataloader_stall", "dataloader"),
+    # Preparing a dataset before training (indexing, tokenizing, packing: often on one rank while the others wait at
+    # a barrier or in their first collective): a stop there is the data's.
+    "dataset_prep": ("dataloader_stall", "data_prep"),
     # py-filelock's waits on a cache's lock file: io_stall, as an engineer reads them in training jobs, whose caches
     # (HF datasets and hub, triton's autotune, torch extensions) sit on shared home or project file systems where a
     # lock is slow to get or outlives its holder (the usual fix: the cache on local disk, the stale lock removed).

@@ -307,3 +307,16 @@ def test_a_store_wait_that_timed_out_while_data_preparation_went_on_is_a_straggl
     v = verdict(text)
     assert v.root_cause.category == "straggler", v.root_cause
     assert v.root_cause.culprit.ranks == [0]  # the one rank not waiting: ranks count from 0
+
+
+def test_every_process_stopped_preparing_its_dataset_is_the_data():
+    text = (
+        "INFO:megatron.bridge.data.packing.offline:Preparing packed sequence from /data/train.jsonl\n"
+        "INFO:megatron.bridge.data.datasets.utils:Building data files\n"
+        "INFO:megatron.bridge.data.datasets.utils:Processing 1 data files using 2 workers\n"
+        "INFO:megatron.bridge.data.datasets.utils:Loading data files\n"
+    )
+    v = verdict(text)
+    assert v.root_cause.category == "dataloader_stall", v.root_cause
+    assert "dataset" in v.root_cause.summary
+    assert verdict(text + "iteration 1/1000 | loss 2.31\n" * 3).root_cause.category != "dataloader_stall"
