@@ -9,7 +9,8 @@
 
 Prints: scenario, expected category, found category, culprit right, seconds from the start of
 `hangdx diagnose` to the verdict (the whole command, Python start-up included), peak memory of the
-hangdx process. Targets: every scenario right; median time to verdict <= 5 s for 4 ranks; < 300 MB.
+hangdx process, and of it or the largest probe it ran (py-spy). Targets: every scenario right; median time to
+verdict <= 5 s for 4 ranks; < 300 MB.
 """
 
 from __future__ import annotations
@@ -26,28 +27,46 @@ import time
 from hangdx.probes.normalise import same_host
 from hangdx.zoo.launch import FAULTS, REALISTIC, ZooJob
 
+# hangdx run so that it reports its own peak memory at exit: wait4's ru_maxrss is the largest of the process and of
+# every child it waited for, py-spy among them (`py-spy dump --native` loads the ranks' native symbol tables, some
+# 300 MB for a rank with libtorch), which on a real job runs on the node, not where hangdx runs.
+_OWN_PEAK = (
+    "import atexit, resource, runpy, sys; "
+    "atexit.register(lambda: sys.stderr.write("
+    "'hangdx-own-peak-kb %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)); "
+    "runpy.run_module('hangdx', run_name='__main__', alter_sys=True)"
+)
 
-def diagnose(job_id: str) -> tuple[dict | None, float, float, str]:
-    """Run `hangdx diagnose --local --json`; (verdict, seconds, peak MB of that process, stderr)."""
+
+def diagnose(job_id: str) -> tuple[dict | None, float, float, float, str]:
+    """Run `hangdx diagnose --local --json`; (verdict, seconds, peak MB of hangdx's own process, peak MB of it and
+    the probes it ran, stderr)."""
     with tempfile.TemporaryFile() as errf:
         t0 = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hangdx", "diagnose", job_id, "--local", "--json"],
+            [sys.executable, "-c", _OWN_PEAK, "diagnose", job_id, "--local", "--json"],
             stdout=subprocess.PIPE,
             stderr=errf,
         )
         out = proc.stdout.read()
-        # wait4, not wait: its rusage is this one process's, not every child's (the ranks are ours too).
+        # wait4, not wait: its rusage is this one process's (and its waited-for children's), not every child's of
+        # this bench (the ranks are ours too).
         _, _, usage = os.wait4(proc.pid, 0)
         seconds = time.monotonic() - t0
         proc.returncode = 0
         errf.seek(0)
         err = errf.read().decode(errors="replace").strip()
+    own = usage.ru_maxrss / 1024
+    lines = err.splitlines()
+    for ln in lines:
+        if ln.startswith("hangdx-own-peak-kb "):
+            own = int(ln.split()[1]) / 1024
+    err = "\n".join(ln for ln in lines if not ln.startswith("hangdx-own-peak-kb "))
     try:
         verdict = json.loads(out)
     except ValueError:
         verdict = None
-    return verdict, seconds, usage.ru_maxrss / 1024, err
+    return verdict, seconds, own, usage.ru_maxrss / 1024, err
 
 
 SEALED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "sealed")
@@ -199,7 +218,7 @@ def main() -> int:
             with ZooJob(fault) as job:
                 job.start()
                 job.wait_until_stuck(timeout=120 if args.realistic else 90)
-                verdict, seconds, peak, err = diagnose(job.job_id)
+                verdict, seconds, peak, probes_peak, err = diagnose(job.job_id)
             rc = (verdict or {}).get("root_cause") or {}
             found = rc.get("category", f"error: {err[:60]}")
             ranks = (rc.get("culprit") or {}).get("ranks")
@@ -212,6 +231,7 @@ def main() -> int:
                     ranks == sorted(spec.culprit_ranks) and found == spec.category,
                     seconds,
                     peak,
+                    probes_peak,
                 )
             )
             print(f"  {fault}: {found} {ranks} in {seconds:.1f}s", file=sys.stderr)
@@ -219,19 +239,25 @@ def main() -> int:
     cw = 30 if args.realistic else 24
     rule = "-" * (w + 2 * cw + 30)
     print()
-    print(f"{'scenario':{w}} {'expected':{cw}} {'found':{cw}} {'culprit':8} {'seconds':>8} {'peak MB':>8}")
+    print(
+        f"{'scenario':{w}} {'expected':{cw}} {'found':{cw}} {'culprit':8} {'seconds':>8} {'peak MB':>8} "
+        f"{'+ probes':>8}"
+    )
     print(rule)
-    for fault, expected, found, right, seconds, peak in rows:
+    for fault, expected, found, right, seconds, peak, probes_peak in rows:
         print(
-            f"{fault:{w}} {expected:{cw}} {found:{cw}} {'right' if right else 'WRONG':8} {seconds:8.2f} {peak:8.1f}"
+            f"{fault:{w}} {expected:{cw}} {found:{cw}} {'right' if right else 'WRONG':8} {seconds:8.2f} {peak:8.1f} "
+            f"{probes_peak:8.1f}"
         )
     print(rule)
     right = sum(1 for r in rows if r[3])
     median = statistics.median(r[4] for r in rows) if rows else 0.0
     peak = max((r[5] for r in rows), default=0.0)
+    probes_peak = max((r[6] for r in rows), default=0.0)
     print(
         f"{right}/{len(rows)} right; median time to verdict {median:.2f}s (target <= 5 s); "
-        f"peak memory {peak:.0f} MB (target < 300 MB); {os.cpu_count()} cores"
+        f"peak memory {peak:.0f} MB (target < 300 MB; {probes_peak:.0f} MB with the largest probe it ran, "
+        f"py-spy among them); {os.cpu_count()} cores"
     )
     return 0 if right == len(rows) else 1
 
