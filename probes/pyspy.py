@@ -38,6 +38,10 @@ _NAMED_THREAD = re.compile(
 )
 _FRAME = re.compile(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
 _LOCAL = re.compile(r"^ {12}([^:]+): (.*)$")
+# py-spy's Python frames pasted without their Process and Thread lines (indented, `func (file.py:line)`): a stack
+# of a process the paste does not name, read when at least BARE_MIN of them follow each other.
+_BARE_FRAME = re.compile(r"^ {1,8}([A-Za-z_<][\w<>.\-]{0,200}) \(([^()\s]{1,300}?\.pyx?):(\d{1,7})\)\s*$")
+BARE_MIN = 2
 _MARKER = re.compile(r"^# hangdx stack-sample (.*)$")
 _KV = re.compile(r"(?<!\w)(\w+)=(\S+)")
 # --native frames with a source line are C/C++/CUDA code (`std::condition_variable::wait (condition_variable.cc:55)`).
@@ -86,7 +90,16 @@ def parse_lines(lines: list[tuple[int, str]], src: Source, ev: Evidence) -> None
 
 
 # claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
-CLAIM_WORDS = ("Thread ", "Process ", "# hangdx stack-sample", "Python v", " (idle", " (active", " (gil")
+CLAIM_WORDS = (
+    "Thread ",
+    "Process ",
+    "# hangdx stack-sample",
+    "Python v",
+    " (idle",
+    " (active",
+    " (gil",
+    ".py:",
+)
 CLAIM_PATTERNS: tuple[str, ...] = ()
 
 
@@ -102,6 +115,8 @@ def claims(line: str) -> int:
         return 10
     if line.startswith("Python v") and _PYTHON.match(line):
         return 6
+    if line.startswith(" ") and line.endswith(")") and _BARE_FRAME.match(line):
+        return 5  # a frame line: with its neighbours a stack even without the lines above it
     return 0
 
 
@@ -144,7 +159,27 @@ def _parse_text(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
         ev.stacks.append(d)
         return d
 
+    bare: list[Frame] = []  # frames met with no thread above them
+
+    def end_bare() -> None:
+        if len(bare) >= BARE_MIN:
+            d = start_dump(None, None)
+            d.threads.append(
+                ThreadStack(tid=None, name="", state="unknown", frames=list(bare), quote=bare[0].quote)
+            )
+        bare.clear()
+
     for no, line in numbered:
+        if thread is None and line.endswith(")"):
+            b = _BARE_FRAME.match(line)
+            if b:
+                bare.append(
+                    Frame(function=b.group(1), file=b.group(2), line=_int(b.group(3)), native=False,
+                          quote=Quote(src.name, no, line.strip()))
+                )  # fmt: skip
+                continue
+        if bare and line.strip():
+            end_bare()
         if line.startswith("# hangdx stack-sample"):
             meta = _marker_fields(line)
             dump, thread = None, None
@@ -205,6 +240,7 @@ def _parse_text(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             continue
         if line.startswith("Error:") or line.startswith("Permission Denied"):
             errors.append(line.strip())
+    end_bare()
     for err in errors:
         ev.gap(src.name, f"py-spy: {err}")
 

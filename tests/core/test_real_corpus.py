@@ -66,8 +66,9 @@ KNOWN_MISSES = {
     "the thread's",
     "conditional_collective__allenai-allennlp-5088": "a hand-rolled stack dump ('######### ProcessID=..., "
     "ThreadID=...', 'File: \"...\", line N, in f') cut above the frame that waits",
-    "conditional_collective__sgl-project-sglang-22607": "two py-spy stacks retyped without their process and thread "
-    "lines, their ranks named only in the poster's prose ('TP0 stuck forever in:', 'TP1-3 ... waiting in:')",
+    "conditional_collective__sgl-project-sglang-22607": "two py-spy stacks pasted without their process and thread "
+    "lines (read now, as processes of no named rank: unknown), their ranks named only in the poster's prose ('TP0 "
+    "stuck forever in:', 'TP1-3 ... waiting in:')",
     "rank_crashed__haotian-liu-LLaVA-447": "watchdog timeouts with ranks 6 and 7 three collectives behind the others "
     "(read: conditional_collective [6, 7], what the text shows); the device-side assert on a rank that then died "
     "is the thread's",

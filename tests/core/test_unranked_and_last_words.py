@@ -320,3 +320,25 @@ def test_every_process_stopped_preparing_its_dataset_is_the_data():
     assert v.root_cause.category == "dataloader_stall", v.root_cause
     assert "dataset" in v.root_cause.summary
     assert verdict(text + "iteration 1/1000 | loss 2.31\n" * 3).root_cause.category != "dataloader_stall"
+
+
+def test_py_spy_frames_pasted_without_their_process_and_thread_lines_are_a_stack():
+    frames = (
+        "    all_reduce (torch/distributed/distributed_c10d.py:3075)\n"
+        "    train_step (train.py:41)\n"
+        "    main (train.py:90)\n"
+    )
+    ev = Evidence()
+    read_any(io.BytesIO(frames.encode()), Source("paste.log"), ev)
+    assert len(ev.stacks) == 1 and [f.function for f in ev.stacks[0].threads[0].frames][:2] == [
+        "all_reduce",
+        "train_step",
+    ]
+    assert "allreduce" in verdict(frames).root_cause.summary
+
+
+def test_one_frame_like_line_in_a_log_is_no_stack():
+    text = "step 10 loss 2.31\n    helper (util.py:12)\nstep 11 loss 2.30\n"
+    ev = Evidence()
+    read_any(io.BytesIO(text.encode()), Source("paste.log"), ev)
+    assert not ev.stacks
