@@ -32,6 +32,13 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]{1,16}) \(most rec
 _STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
 _TIMEOUT = re.compile(r"^Timeout \((\d{1,6}:\d\d:\d\d(?:\.\d{1,9})?)\)!\s*$")
 _FRAME = re.compile(r'^\s{1,8}File "([^"]{1,1000})", line (\d{1,9}) in (\S.{0,200}?)\s*$')
+# Stacks a program dumps itself (the widely copied signal-handler recipe over sys._current_frames() and
+# traceback.extract_stack: a `# Thread: NAME(ID)` or `# ProcessID=P, ThreadID=T` line, then `File: "x.py", line 3,
+# in f` per frame; or traceback.format_stack's `  File "x.py", line 3, in f`), outermost call first, as a traceback.
+_DUMP_HEAD = re.compile(
+    r"^#{1,20} ?(?:ProcessID=(\d{1,10}), ThreadID=(\d{1,24})|Thread: ?(.{0,80}?)\((\d{1,24})\))\s*#*\s*$"
+)
+_DUMP_FRAME = re.compile(r'^\s{0,8}File:? "([^"]{1,1000})", line (\d{1,9}), in (\S.{0,200}?)\s*$')
 # Signals faulthandler reports as fatal (its own list: SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL).
 _SIGNALS = {
     "Segmentation fault": "SIGSEGV",
@@ -47,7 +54,16 @@ def sniff(head: bytes) -> int:
     text = head[:16384].decode("utf-8", errors="replace")
     if re.search(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):", text, re.M):
         return 60
-    return 40 if re.search(r"^Fatal Python error: ", text, re.M) else 0
+    if re.search(r"^Fatal Python error: ", text, re.M):
+        return 40
+    # traceback.format_stack's frames with no `Traceback (most recent call last):` above them (nor an exception
+    # below): a stack a program printed of itself, not an exception's traceback.
+    if "Traceback (most recent call last)" not in text and len(_TB_FRAMES.findall(text)) >= 2:
+        return 30
+    return 0
+
+
+_TB_FRAMES = re.compile(r'^ {1,8}File "[^"\n]{1,1000}", line \d{1,9}, in \S', re.M)
 
 
 # claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
@@ -58,6 +74,9 @@ CLAIM_WORDS = (
     "Stack (most recent",
     "Timeout (",
     '", line ',
+    "ProcessID=",
+    "# Thread: ",
+    "#Thread: ",
 )
 CLAIM_PATTERNS: tuple[str, ...] = ()
 
@@ -76,6 +95,10 @@ def claims(line: str) -> int:
     # `File "x.py", line 3, in f` has), as pasted without the thread's header line.
     if "File" in line and '", line ' in line and _FRAME.match(line):
         return 6
+    if line.startswith("#") and _DUMP_HEAD.match(line):
+        return 8  # a thread of a stack dump the program printed of itself
+    if "File: " in line and _DUMP_FRAME.match(line):
+        return 6  # that recipe's own frame form (`File: "x.py", line 3, in f`)
     return 0
 
 
@@ -90,6 +113,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
     thread: ThreadStack | None = None
     crash_frames: list[Frame] = []
     crash_thread: str | None = None
+    outermost_first: set[int] = set()  # threads whose frames came outermost first (a program's own dump)
 
     def close() -> None:
         nonlocal fatal, dump, thread, crash_frames, crash_thread
@@ -113,6 +137,10 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                 )
             )
         elif dump is not None:
+            for t in dump.threads:
+                if id(t) in outermost_first:
+                    t.frames.reverse()  # innermost first, as every stack here
+            outermost_first.clear()
             dump.threads = [t for t in dump.threads if t.frames]
             if dump.threads and not any(t.name == "MainThread" for t in dump.threads):
                 for t in dump.threads:
@@ -153,6 +181,31 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             continue
         if _TIMEOUT.match(text):
             close()
+            continue
+        h = _DUMP_HEAD.match(text)
+        if h and fatal is None:
+            if dump is None or (h.group(1) and dump.pid not in (None, int(h.group(1)))):
+                close()
+                pid = int(h.group(1)) if h.group(1) else src.pid
+                dump = StackDump(pid=pid, rank=src.rank, host=src.host, threads=[], source=src.name)
+                ev.stacks.append(dump)
+            tid = int(h.group(2) or h.group(4))
+            thread = ThreadStack(tid, (h.group(3) or "").strip(), "unknown", [], Quote(src.name, no, text))
+            outermost_first.add(id(thread))
+            dump.threads.append(thread)
+            continue
+        d = _DUMP_FRAME.match(text) if fatal is None and '", line ' in text else None
+        if d:
+            if thread is None or id(thread) not in outermost_first:
+                if dump is None:
+                    dump = StackDump(pid=src.pid, rank=src.rank, host=src.host, threads=[], source=src.name)
+                    ev.stacks.append(dump)
+                thread = ThreadStack(None, "", "unknown", [], Quote(src.name, no, text.strip()))
+                outermost_first.add(id(thread))
+                dump.threads.append(thread)
+            thread.frames.append(
+                Frame(d.group(3), d.group(1), int(d.group(2)), False, quote=Quote(src.name, no, text.strip()))
+            )
             continue
         f = _FRAME.match(text)
         if f and thread is None and fatal is None and dump is None:

@@ -64,8 +64,9 @@ KNOWN_MISSES = {
     "conditional_collective__tenstorrent-tt-metal-38695": "the app's own per-rank lines: rank 1 waits for rank 0 "
     "to build a weight cache on NFS while rank 0 converts; that the ranks then issue different collectives is "
     "the thread's",
-    "conditional_collective__allenai-allennlp-5088": "a hand-rolled stack dump ('######### ProcessID=..., "
-    "ThreadID=...', 'File: \"...\", line N, in f') cut above the frame that waits",
+    "conditional_collective__allenai-allennlp-5088": "a stack the program dumped of itself ('######### "
+    "ProcessID=..., ThreadID=...', 'File: \"...\", line N, in f'), read now, but cut above the frame that waits "
+    "(read: unknown)",
     "conditional_collective__sgl-project-sglang-22607": "two py-spy stacks pasted without their process and thread "
     "lines (read now, as processes of no named rank: unknown), their ranks named only in the poster's prose ('TP0 "
     "stuck forever in:', 'TP1-3 ... waiting in:')",

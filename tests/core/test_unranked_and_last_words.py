@@ -342,3 +342,39 @@ def test_one_frame_like_line_in_a_log_is_no_stack():
     ev = Evidence()
     read_any(io.BytesIO(text.encode()), Source("paste.log"), ev)
     assert not ev.stacks
+
+
+SELF_DUMP = """\
+{head}
+{indent}File{colon} "/usr/lib/python3.10/threading.py", line 973, in _bootstrap
+{indent}File{colon} "train.py", line 88, in main
+    loss.backward()
+{indent}File{colon} "/usr/lib/python3.10/site-packages/torch/_tensor.py", line 522, in backward
+    torch.autograd.backward(
+{indent}File{colon} "/usr/lib/python3.10/site-packages/torch/autograd/__init__.py", line 266, in backward
+    Variable._execution_engine.run_backward(
+"""
+
+
+def test_a_stack_a_program_printed_of_itself_is_read_innermost_first():
+    """The signal-handler recipe over sys._current_frames() (`# Thread: NAME(ID)`, `File: "x", line N, in f`) and
+    traceback.format_stack's frames with no Traceback line: a thread's stack, outermost call first."""
+    for head, indent, colon in (
+        ("# Thread: MainThread(140234)", "", ":"),
+        ("######### ProcessID=82627, ThreadID=4617211392 #########", "", ":"),
+        ("", "  ", ""),
+    ):
+        ev = Evidence()
+        read_any(
+            io.BytesIO(SELF_DUMP.format(head=head, indent=indent, colon=colon).encode()), Source("d.txt"), ev
+        )
+        assert len(ev.stacks) == 1, head
+        frames = ev.stacks[0].threads[0].frames
+        assert frames[0].function == "backward" and frames[-1].function == "_bootstrap", head
+        if "ProcessID" in head:
+            assert ev.stacks[0].pid == 82627
+
+
+def test_an_exception_traceback_is_still_a_traceback_not_a_stack():
+    v = verdict(TRACEBACK.format(last="IndexError: index out of range in self"))
+    assert v.root_cause.category == "rank_crashed"
