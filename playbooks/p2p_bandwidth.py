@@ -122,9 +122,9 @@ _WAITS = ("watchdog_timeout", "gloo_timeout", "collective_timeout", "nccl_timeou
 @playbook("pcie_peer_path", order=86)
 def pcie_peer_path(facts: Facts) -> Iterator[Match]:
     """Does `nvidia-smi topo -m` put the GPUs on PCIe paths only, with no collective seen to complete?"""
-    topos = [e for e in facts.ev.events_of("gpu_topology") if not e.fields.get("nvlink")]
-    if not topos or any(e.fields.get("nvlink") for e in facts.ev.events_of("gpu_topology")):
-        return
+    topos = facts.ev.events_of("gpu_topology")
+    if not topos or any(e.fields.get("nvlink") for e in topos):
+        return  # an NVLink pair: NCCL's peer path is not PCIe alone
     seqs = [int(e.fields["seq"]) for e in facts.ev.events_of(*_WAITS) if isinstance(e.fields.get("seq"), int)]
     if any(s > 1 for s in seqs) or any(
         (c.seq or 0) > 1 or c.state == "completed" for c in facts.ev.collectives
@@ -133,7 +133,6 @@ def pcie_peer_path(facts: Facts) -> Iterator[Match]:
     e = topos[0]
     pairs = [str(p).split(":", 1) for p in e.fields.get("paths") or [] if ":" in str(p)]
     paths = [f"GPU{a.replace('-', '-GPU')} {k}" for a, k in pairs]
-    kinds = sorted({k for _, k in pairs})
     first = bool(seqs)
     yield Match(
         "gpu_fault",
@@ -143,7 +142,6 @@ def pcie_peer_path(facts: Facts) -> Iterator[Match]:
         {
             "paths": paths[:6],
             "npaths": len(paths),
-            "kinds": kinds,
             "gpus": e.fields.get("gpus"),
             "first": first,
         },
