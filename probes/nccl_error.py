@@ -61,7 +61,7 @@ _OLD_WARN = re.compile(
 _CONTINUE = 4  # lines after a head that belong to its message ("Last error:", the warning itself)
 
 SETUP_WORDS = re.compile(
-    r"[Bb]ootstrap|(?:(?<![\w/])|(?<=src/))init\.cc:|ncclCommInit\w*|ncclCommSplit|[Nn]o socket interface|No usable listening "
+    r"[Bb]ootstrap|(?:(?<![\w/])|(?<=src/))init\.c[cu]:|ncclCommInit\w*|ncclCommSplit|[Nn]o socket interface|No usable listening "
     r"interface|Socket creation failed|ncclSocketInit\b|ncclSocketListen|ncclFindInterface"
 )
 DATA_WORDS = re.compile(r"\[Pro(?:xy|gress) [Tt]hread\]|Proxy thread error|socket progress error")

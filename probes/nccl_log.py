@@ -30,6 +30,12 @@ _LINE = re.compile(
     r"(?:\d+\.\d+ )?(?:(?:\S+:|\S+\.(?:h|hpp|c|cc|cu|cpp) )\d+ (?:\([^()]*\) )?)?"  # <= 2.3: `socket.h 398 `
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
 )
+# NCCL 2.0-2.2 printed no `NCCL` word: `node1:54573:54696 [1] include/socket.h:194 WARN Call to recv failed : ...`
+# (WARN after its source file and line), `node1:54573:54696 [1] INFO transport/net_ib.cu:537 -> 2`.
+_LINE_OLD = re.compile(
+    r"(?<![\w.\-])(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
+    r"(?:[\w./\-]{1,200}\.(?:h|hpp|c|cc|cu|cpp):\d{1,7} (?=WARN))?(?P<level>INFO|WARN) (?P<msg>\S.*)$"
+)
 # A warning quoted without its prefix, as people paste one line of a log: `NCCL WARN NET/IB : Got async event ...`
 # (and `transport/net_ib.cc:1234 NCCL WARN ...`): read as NCCL's, from no known host or process.
 _BARE = re.compile(r"^(?:\S+\.cc:\d+ )?NCCL (?P<level>WARN) (?P<msg>\S.*)$")
@@ -150,6 +156,8 @@ def match_line(line: str) -> NcclLine | None:
     """Parse NCCL's line prefix, wherever it sits in the line; None when it is not an NCCL line."""
     rank, rest = strip_rank_prefix(line)
     m = _LINE.search(rest)
+    if m is None and ("INFO " in rest or "WARN " in rest):
+        m = _LINE_OLD.search(rest)
     if not m:
         b = _BARE.match(rest.strip()) or _NO_HOST.match(rest.strip())
         if b is None:
@@ -230,12 +238,14 @@ _CLAIMED_MAX = 8192
 
 # claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
 CLAIM_WORDS = ("NCCL ",)
-CLAIM_PATTERNS: tuple[str, ...] = ()
+CLAIM_PATTERNS: tuple[str, ...] = (  # NCCL 2.0-2.2's prefix, with no `NCCL` word (_LINE_OLD)
+    r":\d{1,10}:\d{1,10} \[-?\d{1,6}\] (?:[\w./\-]{1,200}\.(?:h|hpp|c|cc|cu|cpp):\d{1,7} )?(?:INFO|WARN) ",
+)
 
 
 def claims(line: str) -> int:
     """How surely one line is NCCL's own (see probes/reader.py)."""
-    if "NCCL " in line:
+    if "NCCL " in line or "INFO " in line or "WARN " in line:
         nl = match_line(line)
         if nl is not None:
             if len(_CLAIMED) >= _CLAIMED_MAX:
@@ -268,7 +278,11 @@ def split_numbered(numbered: list[tuple[int, str]]) -> tuple[list[NcclLine], lis
     other: list[tuple[int, str]] = []
     for item in numbered:
         i, ln = item[0], item[1]
-        nl = (_CLAIMED.pop(ln, None) or match_line(ln)) if "NCCL " in ln else None
+        nl = (
+            (_CLAIMED.pop(ln, None) or match_line(ln))
+            if "NCCL " in ln or ((" INFO " in ln or " WARN " in ln) and _LINE_OLD.search(ln))
+            else None
+        )
         if nl:
             nl.lineno = i
             if nl.rank_prefix is None and len(item) > 2:  # the reader took the prefix off and kept its rank

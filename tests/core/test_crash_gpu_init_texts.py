@@ -176,3 +176,21 @@ def test_zfs_transaction_group_waits_in_a_ps_table_are_storage():
         " 2771 D    txg_wait_open                    python\n"
     )
     assert rc.category == "io_stall", rc.summary
+
+
+def test_nccl_2_1_lines_without_the_nccl_word_are_nccl_lines():
+    """NCCL 2.0-2.2 printed `host:pid:tid [dev] file:line WARN msg` and `host:pid:tid [dev] INFO msg`."""
+    from hangdx.probes.nccl_log import match_line
+
+    warn = match_line(
+        "node1:54573:54696 [1] include/socket.h:194 WARN Call to recv failed : Connection reset by peer"
+    )
+    assert (
+        warn is not None
+        and warn.level == "WARN"
+        and warn.pid == 54573
+        and warn.msg.startswith("Call to recv")
+    )
+    info = match_line("node1:54573:54696 [1] INFO transport/net_ib.cu:537 -> 2")
+    assert info is not None and info.level == "INFO" and info.msg == "transport/net_ib.cu:537 -> 2"
+    assert match_line("2024-01-02 10:00:01 INFO starting epoch 3") is None

@@ -47,9 +47,9 @@ KNOWN_MISSES = {
     "side only (read: unknown); the ranks' diverging data sources are the thread's",
     "gpu_fault__vllm-project-vllm-9920": "a clean two-GPU NCCL set-up (SHM channels) and a generate() at 0%: nothing "
     "names the PCIe ACS/IOMMU path the thread found",
-    "network_fault__horovod-horovod-147": "NCCL 2.1's lines carry no `NCCL` word (`[1] include/socket.h:194 WARN Call "
-    "to recv failed : Connection reset by peer`, a trace through bootstrap.cu and init.cu): read as a peer that "
-    "closed its socket (rank_crashed); the thread's broken IB stack is belief only",
+    "network_fault__horovod-horovod-147": "NCCL 2.1's lines (no `NCCL` word; read now): a socket reset inside NCCL's "
+    "IB transport whose trace runs through bootstrap.cu and init.cu, read as set-up failing (comm_init_failure, what "
+    "the trace says); the thread's broken IB stack is belief only",
     "conditional_collective__CarperAI-trlx-373": "one rank's watchdog timeout: the waiting side only (read: unknown)",
     "rank_crashed__NVIDIA-nccl-863": "three gdb frames of a process stuck in ncclCommAbort's commReclaim (read as a "
     "wait in the process's own teardown, user_deadlock); that a killed peer blocks that NCCL release's reclaim is "
