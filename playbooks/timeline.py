@@ -270,12 +270,10 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
     kinds = {e.kind for e in last.values()}
     if kinds <= set(_NCCL_SETUP_KINDS) and _in_nccl_setup(facts, kinds):
         kinds = {"nccl_setup"}
-    if kinds <= {"store_connecting", "store_connected"}:
-        kinds = {"store_connected"} if kinds else kinds
-    if len(kinds) != 1 or next(iter(kinds)) not in _STAGES:
+    stages = {_STAGES.get(k) for k in kinds}
+    if len(stages) != 1 or None in stages:
         return  # some process logged something else last: it went on, or stopped elsewhere
-    kind = next(iter(kinds))
-    category, stage = _STAGES[kind]
+    category, stage = stages.pop()  # type: ignore[misc]
     if stage == "store_setup" and (facts.ev.collectives or facts.ev.events_of("nccl_init")):
         return  # a process group that went on to create its communicator got past the store
     stuck = list(last.values())
@@ -284,7 +282,7 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
         at = max(e.quote.line for e in stuck if e.quote.source == source)
         if end is None or end - at > _TRAILING:
             return  # lines no reader took follow it: the text goes on past that stage
-    roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(kind) if e.fields.get("root")})
+    roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(*kinds) if e.fields.get("root")})
     yield Match(
         category,
         0.4 if category == "comm_init_failure" else 0.45,  # set-up lines may also be all a poster kept
