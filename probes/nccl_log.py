@@ -278,11 +278,8 @@ def split_numbered(numbered: list[tuple[int, str]]) -> tuple[list[NcclLine], lis
     other: list[tuple[int, str]] = []
     for item in numbered:
         i, ln = item[0], item[1]
-        nl = (
-            (_CLAIMED.pop(ln, None) or match_line(ln))
-            if "NCCL " in ln or ((" INFO " in ln or " WARN " in ln) and _LINE_OLD.search(ln))
-            else None
-        )
+        maybe = "NCCL " in ln or " INFO " in ln or " WARN " in ln  # NCCL 2.0-2.2 printed no `NCCL` word
+        nl = (_CLAIMED.pop(ln, None) or match_line(ln)) if maybe else None
         if nl:
             nl.lineno = i
             if nl.rank_prefix is None and len(item) > 2:  # the reader took the prefix off and kept its rank
@@ -320,9 +317,8 @@ _TEARDOWN = re.compile(
 def _setup_tail(nccl: list[NcclLine], src: Source, ev: Evidence, first_event: int) -> None:
     """Where NCCL's lines stop inside communicator set-up (every NCCL line is set-up INFO: bootstrap, network and
     topology choice, channels and their connections; no `Init COMPLETE`, no collective, no warning, no error's
-    return trace, no teardown),
-    its last line becomes an `nccl_setup` event (unless it already made one), so that what reads where each process
-    stopped sees it (playbooks/timeline.py, stopped_at_stage)."""
+    return trace, no teardown), its last line becomes an `nccl_setup` event (unless it already made one), so that
+    what reads where each process stopped sees it (playbooks/timeline.py, stopped_at_stage)."""
     if not nccl or any(nl.level != "INFO" for nl in nccl):
         return
     for nl in nccl:
