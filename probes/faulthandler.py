@@ -39,6 +39,9 @@ _DUMP_HEAD = re.compile(
     r"^#{1,20} ?(?:ProcessID=(\d{1,10}), ThreadID=(\d{1,24})|Thread: ?(.{0,80}?)\((\d{1,24})\))\s*#*\s*$"
 )
 _DUMP_FRAME = re.compile(r'^\s{0,8}File:? "([^"]{1,1000})", line (\d{1,9}), in (\S.{0,200}?)\s*$')
+_TB_FRAMES = re.compile(
+    r'^ {1,8}File "[^"\n]{1,1000}", line \d{1,9}, in \S', re.M
+)  # format_stack's, for sniff
 # Signals faulthandler reports as fatal (its own list: SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL).
 _SIGNALS = {
     "Segmentation fault": "SIGSEGV",
@@ -61,9 +64,6 @@ def sniff(head: bytes) -> int:
     if "Traceback (most recent call last)" not in text and len(_TB_FRAMES.findall(text)) >= 2:
         return 30
     return 0
-
-
-_TB_FRAMES = re.compile(r'^ {1,8}File "[^"\n]{1,1000}", line \d{1,9}, in \S', re.M)
 
 
 # claims()'s needles (see probes/registry.py): every line it claims holds one of these words or patterns.
