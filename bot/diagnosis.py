@@ -3,7 +3,6 @@ find the job's hosts, collect the evidence, run the playbooks."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -14,9 +13,10 @@ from hangdx.playbooks import engine
 from hangdx.playbooks.verdict import Verdict
 from hangdx.probes.hosts import HostSpec, SshSettings
 from hangdx.probes.model import Evidence
+from hangdx.probes.rx import lazy
 
 # A job id reaches /proc scans, file names, Slack messages and remote scripts: keep it to a safe alphabet.
-JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
+JOB_ID = lazy(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 RESOLVERS = "local, slurm, inventory:PATH or hosts:H1,H2"
 Progress = Callable[[int, int], None]  # (hosts reported, hosts in all)
 
@@ -149,7 +149,7 @@ def judge(docs: list[dict], job_id: str, vouched: set[str], notes: list[str]) ->
 
 
 # Names every machine gives itself (not addresses: a bundle names the nodes it probed by address, 127.0.0.2 too).
-_LOOPBACK = re.compile(r"(?i)localhost(?:\.localdomain)?|ip6-localhost|ip6-loopback")
+_LOOPBACK = lazy(r"(?i)localhost(?:\.localdomain)?|ip6-localhost|ip6-loopback")
 
 
 def indistinct_hosts(ev: Evidence) -> dict[str, str]:

@@ -20,6 +20,7 @@ from hangdx.playbooks.flowchart import _timed_out_ranks
 from hangdx.playbooks.signals import ABORTED_ALONE, own_error
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent
+from hangdx.probes.rx import lazy
 
 # What a signal's death usually means, for the words of the fix.
 _CAUSE = {
@@ -197,7 +198,7 @@ def _one_node(facts: Facts) -> bool:
 
 
 # CUDA's own texts for a GPU that failed (cudaErrorECCUncorrectable, cudaErrorNvlinkUncorrectable, ...).
-_GPU_HW = re.compile(
+_GPU_HW = lazy(
     r"uncorrectable ECC error|uncorrectable NVLink error|GPU has fallen off the bus|GPU is lost"
     r"|unrecoverable hardware error|hardware stop on the GPU",
     re.I,

@@ -5,7 +5,6 @@ Playbooks read these, never the raw artifacts.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -20,14 +19,13 @@ from hangdx.probes.model import (
     StackDump,
     ThreadStack,
 )
+from hangdx.probes.rx import lazy
 
 # Which frames mean which wait: the taxonomy in probes/waits.yaml, built from the libraries' sources.
 # Its kinds in the words a Location uses (the playbooks and templates say "dataloader" and "io").
 LOCATION_KIND = {"data": "dataloader", "storage": "io"}
 # A file of the code that loads and iterates a job's data (a path part or file name saying so).
-DATA_CODE = re.compile(
-    r"(?:^|/)(?:data|datasets?|dataloaders?|data_?loaders?|loaders?|iterators?)(?:/|\.py$)"
-)
+DATA_CODE = lazy(r"(?:^|/)(?:data|datasets?|dataloaders?|data_?loaders?|loaders?|iterators?)(?:/|\.py$)")
 IO_SYSCALLS = {
     "read", "write", "pread64", "pwrite64", "readv", "writev", "open", "openat", "fsync",
     "fdatasync", "flock", "statx", "newfstatat", "copy_file_range", "sendfile", "splice", "io_getevents",

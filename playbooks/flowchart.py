@@ -27,6 +27,7 @@ from hangdx.playbooks.timeline import Clock
 from hangdx.playbooks.verdict import Culprit
 from hangdx.playbooks.wording import number_set
 from hangdx.probes.model import LogEvent, Quote
+from hangdx.probes.rx import lazy
 
 WAITING = ("collective", "p2p", "init", "store")
 
@@ -440,7 +441,7 @@ _P2P_OPS = ("send", "recv")
 # DDP's own per-iteration syncs (torch/nn/parallel/distributed.py: buffers and parameters broadcast from the
 # authoritative rank): the model is replicated and DDP checked its shapes at construction, so every rank that runs
 # them runs the same call. A rank reported inconsistent there is matched against a rank that is not in it at all.
-_DDP_OWN_SYNC = re.compile(r"_broadcast_coalesced|_sync_buffers|_sync_params|_sync_module_buffers")
+_DDP_OWN_SYNC = lazy(r"_broadcast_coalesced|_sync_buffers|_sync_params|_sync_module_buffers")
 
 
 def _apart_by_stacks(facts: Facts) -> list[int]:
@@ -492,8 +493,8 @@ def _not_in_the_same_call(e) -> str:
 
 # The flat-tensor collectives of sharded data parallelism (FSDP, ZeRO-3): _allgather_base / _reduce_scatter_base
 # (pytorch/pytorch torch/csrc/distributed/c10d/Types.hpp OpType names).
-_FLAT_SHAPE = re.compile(r"\[\d{1,12}\]")
-_SHARDED_OP = re.compile(r"OpType=(?:_ALLGATHER_BASE|_REDUCE_SCATTER_BASE)\b")
+_FLAT_SHAPE = lazy(r"\[\d{1,12}\]")
+_SHARDED_OP = lazy(r"OpType=(?:_ALLGATHER_BASE|_REDUCE_SCATTER_BASE)\b")
 
 
 def _minority(per_rank: dict) -> list[int]:
@@ -522,7 +523,7 @@ _P2P_WAIT_FILES = (
     "torch/distributed/pipelining/schedules.py",
     "megatron/core/pipeline_parallel/p2p_communication.py",
 )
-_PEER_LOST = re.compile(r"connection reset by peer|connection closed by peer|broken pipe|end of file", re.I)
+_PEER_LOST = lazy(r"connection reset by peer|connection closed by peer|broken pipe|end of file", re.I)
 
 
 @playbook("p2p_wait_lost", order=46)
@@ -1281,14 +1282,14 @@ def _setup_failed(excs: list[LogEvent]) -> Match:
 # where it waited), a requested exit.
 _NOT_A_DEATH = frozenset({"KeyboardInterrupt", "SystemExit", "GeneratorExit"})
 # The waiting side's exceptions beyond _is_comm_error's words: c10d's store, rendezvous and socket errors.
-_WAITING_SIDE = re.compile(
+_WAITING_SIDE = lazy(
     r"Dist(?:Backend|Store|Network)Error|rendezvous|TCPStore|socket|broken pipe|reset by peer|barrier", re.I
 )
 
 
 _FATAL_KINDS = ("cuda_oom", "cuda_error", "segfault", "oom_kill")
 # A CUDA error that means the GPU itself failed, not the program.
-_HW_WORDS = re.compile(r"uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|Xid", re.I)
+_HW_WORDS = lazy(r"uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|Xid", re.I)
 
 
 def _is_comm_error(e: LogEvent) -> bool:

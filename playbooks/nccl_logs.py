@@ -9,7 +9,6 @@ network failing under a running job. A log whose processes stop in Send/Recv is 
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -18,10 +17,11 @@ from hangdx.playbooks.facts import Facts
 from hangdx.playbooks.signals import lost_peer, peer_host
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import CollectiveRecord, LogEvent, Quote
+from hangdx.probes.rx import lazy
 
 _FAILURES = ("nccl_error", "nccl_warn", "nccl_conn_refused", "nccl_timeout")
-_NETWORK_WORDS = re.compile(r"[Ss]ocket|[Bb]ootstrap|interface|[Cc]onnect|AF_INET|[Aa]ddress")
-_TRACE_ONLY = re.compile(r"^(?:\S+:\d+ )?\S+:\d+ ?-> ?\d+")  # `transport.cu:153 ->2 [Proxy thread error]`
+_NETWORK_WORDS = lazy(r"[Ss]ocket|[Bb]ootstrap|interface|[Cc]onnect|AF_INET|[Aa]ddress")
+_TRACE_ONLY = lazy(r"^(?:\S+:\d+ )?\S+:\d+ ?-> ?\d+")  # `transport.cu:153 ->2 [Proxy thread error]`
 
 
 def _quotes(e: LogEvent) -> list[Quote]:
@@ -136,10 +136,8 @@ def nccl_socket_fault(facts: Facts) -> Iterator[Match]:
 # link-local address (`fe80::`, `169.254.`) do not route to another node, so a communicator whose socket transport
 # or bootstrap uses one cannot connect across nodes: set-up hangs or fails (NCCL's troubleshooting guide: set
 # NCCL_SOCKET_IFNAME).
-_VIRTUAL_IF = re.compile(r"(?:docker|veth|br-|virbr|cni|flannel|cali|vxlan|weave|tun|lo)[\w.\-]{0,24}$")
-_IF_ENTRY = re.compile(
-    r"(?:\[\d{1,3}\])?([\w.\-]{1,32}):([0-9A-Fa-f:.]{2,64})(?:%[\w.\-]{1,32})?(?:<\d{1,6}>)?"
-)
+_VIRTUAL_IF = lazy(r"(?:docker|veth|br-|virbr|cni|flannel|cali|vxlan|weave|tun|lo)[\w.\-]{0,24}$")
+_IF_ENTRY = lazy(r"(?:\[\d{1,3}\])?([\w.\-]{1,32}):([0-9A-Fa-f:.]{2,64})(?:%[\w.\-]{1,32})?(?:<\d{1,6}>)?")
 
 
 def _unroutable(devices: str) -> list[str]:
@@ -296,7 +294,7 @@ def nccl_p2p_wait(facts: Facts) -> Iterator[Match]:
 # (ncclCommInitRank and the transports it connects) or src/bootstrap.cc began during communicator set-up (a socket,
 # a buffer that could not be allocated). net_ib's own init.cc (transport/net_ib/init.cc) is not that; nor is a CUDA
 # call that failed for another reason than memory (a GPU or driver fault, which its own row reads).
-_SETUP_TRACE = re.compile(r"(?:^|(?<=[^\w/])|(?<=/src/)|(?<=^src/))(?:init|bootstrap)\.cc$")
+_SETUP_TRACE = lazy(r"(?:^|(?<=[^\w/])|(?<=/src/)|(?<=^src/))(?:init|bootstrap)\.cc$")
 _TRACE_NEAR = 8  # lines: the trace follows the WARN that began it
 
 

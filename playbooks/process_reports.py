@@ -5,17 +5,17 @@ in the kernel on a file system (`D` state, WCHAN `nfs_start_io_read`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts, _norm, watchdog_abort
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent, ProcessState, Quote
+from hangdx.probes.rx import lazy
 
 # Kernel functions a task sleeps in when it waits for a file system or the block layer (WCHAN or
 # /proc/PID/stack): NFS and its RPC client, Lustre, CIFS, FUSE, local file systems, page-cache and block I/O.
-FS_WCHAN = re.compile(
+FS_WCHAN = lazy(
     r"^(?:nfs\w*|rpc_wait\w*|rpc_\w*|__rpc_\w+|io_schedule\w*|wait_on_page_bit\w*|folio_wait\w*|__folio_lock\w*"
     r"|__lock_page\w*|lock_page\w*|wait_on_buffer|__wait_on_buffer|bit_wait_io\w*|__filemap\w*|filemap_\w+"
     r"|do_truncate|ll_\w+|lustre\w*|osc_\w+|ptlrpc\w*|ldlm_\w+|cl_\w+|cifs\w*|smb2?_\w+|fuse_\w+|ext4_\w+"
@@ -24,7 +24,7 @@ FS_WCHAN = re.compile(
     r"|txg_\w+|zio_\w+|zil_\w+|zpl_\w+|dmu_\w+)$"  # ZFS: a transaction group that does not sync blocks writers
 )
 # Kernel modules that are file systems or their transport: a frame in one of them is a storage wait.
-FS_MODULES = re.compile(
+FS_MODULES = lazy(
     r"^(?:nfs|nfsv[34]|nfsd|sunrpc|lustre|ptlrpc|osc|mdc|lov|lmv|obdclass|ksocklnd|ko2iblnd|xfs|ext4|jbd2|btrfs"
     r"|fuse|cifs|ceph|libceph|zfs|spl|mmfs\w*|gpfs\w*|beegfs|wekafsio)$"
 )

@@ -36,6 +36,7 @@ from hangdx.playbooks.facts import Facts, row_vote, votes
 from hangdx.playbooks.timeline import Clock
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.model import LogEvent
+from hangdx.probes.rx import lazy
 
 PLAYBOOK = "signals"
 # How sure a decisive line makes an engineer, by what it settles: hardware lines name the part that broke.
@@ -58,21 +59,21 @@ CONFLICT = 0.05  # taken off each suggestive category that another one competes 
 TIMEOUT_ALONE = 0.3
 ABORTED_ALONE = 0.3
 # Kinds of waiting: the line is said by a victim of the hang, not by its cause.
-_WAITING = re.compile(r"watchdog|collective_timeout|gloo_timeout|nccl_timeout|monitored_barrier|desync")
-_ABSENTEES = re.compile(r"monitored_barrier")  # these name the ranks that did not arrive
-_SAFE_NAME = re.compile(r"[A-Za-z0-9…][\w.\-…]{0,62}")
+_WAITING = lazy(r"watchdog|collective_timeout|gloo_timeout|nccl_timeout|monitored_barrier|desync")
+_ABSENTEES = lazy(r"monitored_barrier")  # these name the ranks that did not arrive
+_SAFE_NAME = lazy(r"[A-Za-z0-9…][\w.\-…]{0,62}")
 # A connection that had been up and went away (errno EPIPE / ECONNRESET, a recv that returned 0, gloo's and
 # NCCL's words for them): the peer's process ended, or the link between them dropped. Not a set-up failure.
-LOST_PEER = re.compile(
+LOST_PEER = lazy(
     r"broken pipe|connection reset by peer|closed by (?:remote )?peer|unexpectedly closed|end of file"
     r"|remote process exited|could not receive type from localrank|connection closed by localrank",
     re.I,
 )
 # NCCL's result codes (nccl.h ncclResult_t), as NCCL's own lines print them: `retcode 6`, `res=6`, `-> 6`.
-_NCCL_RESULT = re.compile(r"\b(?:retcode|res)\s?[=:]?\s?(\d{1,2})\b|\.(?:cc|h|cu):\d{1,6} -> (\d{1,2})\b")
+_NCCL_RESULT = lazy(r"\b(?:retcode|res)\s?[=:]?\s?(\d{1,2})\b|\.(?:cc|h|cu):\d{1,6} -> (\d{1,2})\b")
 NCCL_REMOTE_ERROR = 6
 # Kinds the hardware and the kernel report: they are no teardown's doing, whatever their order.
-_HARDWARE = re.compile(
+_HARDWARE = lazy(
     r"xid|nic_|ib_port|pcie|mce|gpu_|nvlink|nvswitch|kernel|hung_task|soft_lockup|oom|segfault|ecc|dcgm"
 )
 # The categories of the lines a survivor prints about its peers, or a launcher about its workers' ends.
@@ -135,7 +136,7 @@ def own_error(facts: Facts, rank: int | None = None) -> bool:
 # transitioned into the Error State". Every request queued after a QP's first error completes with it: the
 # echo of an earlier failure (its first error, or a peer that went away), never the first failure itself.
 IBV_WC_WR_FLUSH_ERR = 5
-_IB_STATUS = re.compile(r"with (?:error|status) (\d{1,3})\b")
+_IB_STATUS = lazy(r"with (?:error|status) (\d{1,3})\b")
 
 
 def flushed(e: LogEvent) -> bool:
@@ -216,7 +217,7 @@ def _gpu(e: LogEvent) -> str | None:
     return None
 
 
-_PORT = re.compile(r"<\d{1,5}>$|:\d{1,5}$")
+_PORT = lazy(r"<\d{1,5}>$|:\d{1,5}$")
 
 
 def peer_host(e: LogEvent) -> str | None:

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -18,6 +17,7 @@ from hangdx.playbooks.facts import Facts, votes
 from hangdx.playbooks.verdict import Culprit
 from hangdx.probes.app_log import line_time
 from hangdx.probes.model import LogEvent
+from hangdx.probes.rx import lazy
 
 _TIMEOUTS = ("watchdog_timeout", "gloo_timeout")
 
@@ -53,12 +53,12 @@ def storage_stall(facts: Facts) -> Iterator[Match]:
 
 # c10's header `[E218 10:48:25.033625188 ProcessGroupNCCL.cpp:632]` and torch elastic's glog header
 # `E1129 11:56:59.150000 29471 torch/distributed/...`: month (not zero-padded), day and time, no year.
-_C10_TIME = re.compile(r"\[?[EWIF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? ")
+_C10_TIME = lazy(r"\[?[EWIF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? ")
 # torch elastic's failure table (`time      : 2025-05-01_11:12:35`), which line_time's ISO form does not take.
-_UNDERSCORE_TIME = re.compile(r"\b(\d{4})-(\d\d)-(\d\d)_(\d\d):(\d\d):(\d\d)\b")
+_UNDERSCORE_TIME = lazy(r"\b(\d{4})-(\d\d)-(\d\d)_(\d\d):(\d\d):(\d\d)\b")
 # `dmesg -T` / `journalctl -k -o short-full`: `[Mon May  1 10:22:13 2024]`; syslog's `May  1 10:22:13 node kernel:`.
 _MONTHS = {m: i for i, m in enumerate("Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
-_CTIME = re.compile(
+_CTIME = lazy(
     r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(?: (\d{4}))?\b"
 )
 # How close the collective's start must be to the save line to say the job stopped there.

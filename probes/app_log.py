@@ -19,42 +19,43 @@ import re
 from datetime import datetime
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary
 
 KIND = "app_log"
 QUIET_WHEN_EMPTY = True
 
-_CHECKPOINT = re.compile(
+_CHECKPOINT = lazy(
     r"\b(Saving|Saved|Writing|Wrote|Loading|Loaded|Restoring|Restored)\b[^\n]{0,60}?\bcheckpoints?\b"
     r"|\b[Cc]heckpoint (saved|written|loaded)\b"
 )
-_TARGET = re.compile(r"\b(?:to|at|from|in) ((?:[a-z][a-z0-9+]{1,10}://|/|\./)\S{1,400})")
-_FINISHED = re.compile(
+_TARGET = lazy(r"\b(?:to|at|from|in) ((?:[a-z][a-z0-9+]{1,10}://|/|\./)\S{1,400})")
+_FINISHED = lazy(
     r"Trainer\.fit`? stopped|`?max_(?:epochs|steps)=\S{1,20}`? reached|Training completed\. Do not forget"
 )
-_CURL = re.compile(
+_CURL = lazy(
     r"Operation too slow\. Less than \d{1,12} bytes/sec transferred the last \d{1,9} seconds"
     r"|Operation timed out after \d{1,12} milliseconds with \d{1,15}(?: out of -?\d{1,15})? bytes received"
     r"|Timeout was reached"
 )
 # absl / glog: `W0000 00:00:1715498963.019816  583764 curl_transport.cc:444] ` (absl before its clock is set
 # prints `0000 00:00:<epoch seconds>`).
-_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d{2,12}\.\d{1,9}\s{1,4}(\d{1,10}) ([^\s\]]{1,200}):\d{1,7}\] ")
-_PY_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
+_GLOG = lazy(r"^[IWEF]\d{4} \d\d:\d\d:\d{2,12}\.\d{1,9}\s{1,4}(\d{1,10}) ([^\s\]]{1,200}):\d{1,7}\] ")
+_PY_TIME = lazy(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 
 
 # What a checkpoint line says of the save or load it is about, whichever framework printed it (the catalogue's
 # checkpoint rows, probes/catalogue/frameworks.yaml, and the lines this parser reads).
-_CKPT_SAVE = re.compile(
+_CKPT_SAVE = lazy(
     r"\b(?:sav(?:e|ed|ing)|writ(?:e|ing|ten)|wrote|stag(?:e|ed|ing)|commit(?:s|ted|ting)?)\b", re.I
 )
-_CKPT_LOAD = re.compile(r"\b(?:load(?:ed|ing)?|restor(?:e|ed|ing))\b", re.I)
-_CKPT_OVER = re.compile(
+_CKPT_LOAD = lazy(r"\b(?:load(?:ed|ing)?|restor(?:e|ed|ing))\b", re.I)
+_CKPT_OVER = lazy(
     r"\b(?:saved|wrote|written|staged|committed|loaded|restored|finished|done|complete[d]?|failed|died|timed out)\b",
     re.I,
 )
-_CKPT_AHEAD = re.compile(r"\babout to be saved\b|\bwill be saved\b", re.I)
+_CKPT_AHEAD = lazy(r"\babout to be saved\b|\bwill be saved\b", re.I)
 
 
 def checkpoint_reading(text: str) -> dict[str, object]:

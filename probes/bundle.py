@@ -11,7 +11,6 @@ import errno
 import io
 import json
 import os
-import re
 import stat
 import time
 from pathlib import Path
@@ -21,13 +20,14 @@ from hangdx.probes import reader
 from hangdx.probes.model import Evidence, HostProblem, Source
 from hangdx.probes.naming import host_from_path, local_rank_from_path, rank_from_name
 from hangdx.probes.registry import parse_artifact
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import MAX_TEXT_BYTES
 
 MANIFEST = "manifest.json"
 # A dump (a pickle, or a JSON object) is read from its start, up to MAX_FILE_BYTES; any other file only its
 # last MAX_TEXT_BYTES, all that a text parser keeps (text.decode). Nothing else is ever read into memory.
 MAX_FILE_BYTES = 512 * 1024 * 1024
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_SAFE = lazy(r"[^A-Za-z0-9._-]+")
 
 
 def artifact_bytes(artifact: dict) -> bytes:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hangdx.playbooks.verdict import CATEGORIES as verdict_categories
+from hangdx.probes.rx import lazy
 
 # A row points at one of the verdict's categories, never "unknown" (a row with no cause has category null).
 CATEGORIES = frozenset(verdict_categories) - {"unknown"}
@@ -44,10 +45,10 @@ INT_FIELDS = frozenset(
 # line names (stragglers, ranks that never arrived) can be culprits. `value_ranks` is a list of `value/rank` pairs
 # (Megatron's straggler detector): its ranks go to `ranks`.
 RANK_LIST_FIELDS = frozenset({"ranks"})
-_RANK_LIST = re.compile(
+_RANK_LIST = lazy(
     r"[\[{(]?\s*\d{1,7}(?:\s*-\s*\d{1,7})?(?:\s*[,; ]\s*\d{1,7}(?:\s*-\s*\d{1,7})?){0,4096}\s*,?\s*[\]})]?"
 )
-_RANGE = re.compile(r"(\d{1,7})(?:\s*-\s*(\d{1,7}))?")
+_RANGE = lazy(r"(\d{1,7})(?:\s*-\s*(\d{1,7}))?")
 MAX_LISTED = 65536  # a range wider than a job is not a list of its ranks
 MIN_LITERAL = 8
 SCAN_BATCH_CHARS = 8 << 20  # lines scanned at once by match_lines: a bounded copy whatever the input
@@ -62,8 +63,8 @@ _FORBIDDEN = [
     (re.compile(r"(?<!\\)\.\*|(?<!\\)\.\+"), "unbounded .* / .+"),
     (re.compile(r"\(\?[aiLmsux]+\)"), "inline flag"),
 ]
-_GROUP_NAME = re.compile(r"\(\?P<\w+>")
-_EVENT = re.compile(r"[a-z][a-z0-9_]*")
+_GROUP_NAME = lazy(r"\(\?P<\w+>")
+_EVENT = lazy(r"[a-z][a-z0-9_]*")
 
 
 class CatalogueError(ValueError):
@@ -644,7 +645,7 @@ def hyperscan_db(exprs: list[bytes], ids: list[int], flags: list[int], suffix: s
     return db
 
 
-_TAIL_REPEAT = re.compile(r"\{(\d+),(\d+)\}(\)*)$")
+_TAIL_REPEAT = lazy(r"\{(\d+),(\d+)\}(\)*)$")
 
 
 def _short_tail(pattern: str) -> str:

@@ -21,19 +21,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from hangdx.probes.rx import lazy
+
 # The counter word, then its number: `step 120`, `step: 120`, `step=120`, `Step [120/1000]`, `iter #40`.
 # `steps`, `batch_size`, `max_steps` are not counters (word boundaries and no plural).
-_COUNTER = re.compile(
+_COUNTER = lazy(
     r"(?<![\w.\-/])(global[_ ]step|step|iteration|iter|batch(?:[_ ]idx)?)(?![\w\-/])"
     r"[ \t]{0,3}(?:[:=#]|\[|No\.?)?[ \t]{0,3}(\d{1,9})(?![\d.])(?:[ \t]{0,2}/[ \t]{0,2}(\d{1,9}))?",
     re.IGNORECASE,
 )
 _WORDS = ("step", "iter", "batch")  # a cheap test before the regex
-_DIGITS = re.compile(r"\d+")
+_DIGITS = lazy(r"\d+")
 # Python logging's asctime (`2025-08-21 11:19:52,993`), an ISO time (`2025-08-21T11:19:52.993`).
-_TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,6}))?")
+_TIME = lazy(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,6}))?")
 # A line printed through Python's logging or loguru, as its default and common formats print it.
-_PY_LOG = re.compile(
+_PY_LOG = lazy(
     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}(?!\d).{0,120}?\b(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b"
     r"|^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]{1,80}:"
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \| (?:TRACE|DEBUG|INFO|SUCCESS|WARNING|ERROR|CRITICAL) {0,8}\|"

@@ -36,18 +36,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import decode, lines, looks_binary
 
 KIND = "dcgmi_diag"
 QUIET_WHEN_EMPTY = True  # a run where every test passed has nothing to say
 
-_HEADER = re.compile(r"^\|\s*Diagnostic\s+\|\s*Result\s+\|$")
-_BORDER = re.compile(r"^\+[-=]{10,80}\+[-=]{10,80}\+$")
-_GROUP = re.compile(r"^[|+]-{2,20}\s+([A-Za-z][A-Za-z ]{0,40}?)\s+-{1,40}\+-{10,80}[|+]$")
-_ROW = re.compile(r"^\|([^|]{1,80})\|(.{0,200}?)\|?\s*$")
-_RESULT = re.compile(r"^(Pass|Fail|Skip|Warn)\b(?:\s*-\s*(All|GPUs?:\s*([\d,\s]{1,200})))?", re.IGNORECASE)
-_RESULT_4X = re.compile(r"^GPU\s?(\d{1,4}):\s*(Pass|Fail|Skip|Warn)\b", re.IGNORECASE)
-_NAMES_GPU = re.compile(r"^GPU\s?(\d{1,4})\b")
+_HEADER = lazy(r"^\|\s*Diagnostic\s+\|\s*Result\s+\|$")
+_BORDER = lazy(r"^\+[-=]{10,80}\+[-=]{10,80}\+$")
+_GROUP = lazy(r"^[|+]-{2,20}\s+([A-Za-z][A-Za-z ]{0,40}?)\s+-{1,40}\+-{10,80}[|+]$")
+_ROW = lazy(r"^\|([^|]{1,80})\|(.{0,200}?)\|?\s*$")
+_RESULT = lazy(r"^(Pass|Fail|Skip|Warn)\b(?:\s*-\s*(All|GPUs?:\s*([\d,\s]{1,200})))?", re.IGNORECASE)
+_RESULT_4X = lazy(r"^GPU\s?(\d{1,4}):\s*(Pass|Fail|Skip|Warn)\b", re.IGNORECASE)
+_NAMES_GPU = lazy(r"^GPU\s?(\d{1,4})\b")
 _NOTE = ("warning", "error", "info")
 _CHUNK = 45  # DCGM cuts a note into pieces of this many characters, one per row
 _HARDWARE_GROUPS = ("deployment", "integration", "hardware")

@@ -23,25 +23,24 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, Frame, LogEvent, Quote, Source, StackDump, ThreadStack
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines
 
 KIND = "faulthandler"
 
-_FATAL = re.compile(r"^Fatal Python error: (?:(\w{1,64}): )?(.{1,300}?)\s*$")
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]{1,16}) \(most recent call first\):\s*$")
-_STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
-_TIMEOUT = re.compile(r"^Timeout \((\d{1,6}:\d\d:\d\d(?:\.\d{1,9})?)\)!\s*$")
-_FRAME = re.compile(r'^\s{1,8}File "([^"]{1,1000})", line (\d{1,9}) in (\S.{0,200}?)\s*$')
+_FATAL = lazy(r"^Fatal Python error: (?:(\w{1,64}): )?(.{1,300}?)\s*$")
+_THREAD = lazy(r"^(Current thread|Thread) (0x[0-9a-fA-F]{1,16}) \(most recent call first\):\s*$")
+_STACK = lazy(r"^Stack \(most recent call first\):\s*$")
+_TIMEOUT = lazy(r"^Timeout \((\d{1,6}:\d\d:\d\d(?:\.\d{1,9})?)\)!\s*$")
+_FRAME = lazy(r'^\s{1,8}File "([^"]{1,1000})", line (\d{1,9}) in (\S.{0,200}?)\s*$')
 # Stacks a program dumps itself (the widely copied signal-handler recipe over sys._current_frames() and
 # traceback.extract_stack: a `# Thread: NAME(ID)` or `# ProcessID=P, ThreadID=T` line, then `File: "x.py", line 3,
 # in f` per frame; or traceback.format_stack's `  File "x.py", line 3, in f`), outermost call first, as a traceback.
-_DUMP_HEAD = re.compile(
+_DUMP_HEAD = lazy(
     r"^#{1,20} ?(?:ProcessID=(\d{1,10}), ThreadID=(\d{1,24})|Thread: ?(.{0,80}?)\((\d{1,24})\))\s*#*\s*$"
 )
-_DUMP_FRAME = re.compile(r'^\s{0,8}File:? "([^"]{1,1000})", line (\d{1,9}), in (\S.{0,200}?)\s*$')
-_TB_FRAMES = re.compile(
-    r'^ {1,8}File "[^"\n]{1,1000}", line \d{1,9}, in \S', re.M
-)  # format_stack's, for sniff
+_DUMP_FRAME = lazy(r'^\s{0,8}File:? "([^"]{1,1000})", line (\d{1,9}), in (\S.{0,200}?)\s*$')
+_TB_FRAMES = lazy(r'^ {1,8}File "[^"\n]{1,1000}", line \d{1,9}, in \S', re.M)  # format_stack's, for sniff
 # Signals faulthandler reports as fatal (its own list: SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL).
 _SIGNALS = {
     "Segmentation fault": "SIGSEGV",
@@ -175,7 +174,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             if dump is None:
                 dump = StackDump(pid=src.pid, rank=src.rank, host=src.host, threads=[], source=src.name)
                 ev.stacks.append(dump)
-            tid = int(m.group(2), 16) if m.re is _THREAD else None
+            tid = int(m.group(2), 16) if m.re is _THREAD.compiled() else None
             thread = ThreadStack(tid, "", "unknown", [], Quote(src.name, no, text))
             dump.threads.append(thread)
             continue

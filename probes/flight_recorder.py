@@ -36,6 +36,7 @@ from typing import Any
 
 from hangdx.probes.model import CollectiveRecord, Evidence, LogEvent, Quote, Source
 from hangdx.probes.naming import rank_from_name
+from hangdx.probes.rx import lazy
 
 KIND = "flight_recorder"
 
@@ -61,7 +62,7 @@ _OP_ALIASES = {
 }
 _P2P_OPS = {"send", "recv", "recvanysource"}
 
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
+_TRAILING_DIGITS = lazy(r"(\d+)$")
 _DUMP_EXTENSIONS = (".pkl", ".pickle", ".json", ".bin", ".pt")
 
 # A pickle may refer to one object many times (its memo): real dumps share strings and small lists, so that
@@ -254,7 +255,7 @@ def _trim(obj: Any) -> Any:
     return obj
 
 
-_WS = re.compile(r"[ \t\n\r]*")
+_WS = lazy(r"[ \t\n\r]*")
 
 
 def _json_dump(text: str) -> Any:

@@ -25,29 +25,28 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, Frame, Quote, Source, StackDump, ThreadStack
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines
 
 KIND = "gdb"
 
-_THREAD = re.compile(
+_THREAD = lazy(
     r"^\*?\s?Thread (\d{1,7}) \((?:Thread (0x[0-9a-fA-F]{1,16}) )?\(?LWP (\d{1,10})\)?\)?(?: \"([^\"]{0,64})\")?\)?:?\s*$"
 )
-_SWITCH = re.compile(
+_SWITCH = lazy(
     r"^\[(?:Switching to|Current) thread (?:is )?(\d{1,7}) \((?:Thread (0x[0-9a-fA-F]{1,16}) )?\(?LWP (\d{1,10})\)"
 )
-_FRAME_NO = re.compile(r"^#(\d{1,5})\s+")
-_ADDR_IN = re.compile(r"^(0x[0-9a-fA-F]{1,16}) in ")
-_WHERE_TAIL = re.compile(r"(at|from) (\S{1,1000}?)(?::(\d{1,9}))?")
-_PY_FRAME_GDB = re.compile(
-    r"^Frame 0x[0-9a-fA-F]{1,16}, for file (.{1,1000}?), line (\d{1,9}), in (\S{1,200})"
-)
+_FRAME_NO = lazy(r"^#(\d{1,5})\s+")
+_ADDR_IN = lazy(r"^(0x[0-9a-fA-F]{1,16}) in ")
+_WHERE_TAIL = lazy(r"(at|from) (\S{1,1000}?)(?::(\d{1,9}))?")
+_PY_FRAME_GDB = lazy(r"^Frame 0x[0-9a-fA-F]{1,16}, for file (.{1,1000}?), line (\d{1,9}), in (\S{1,200})")
 _PY_HEAD = "Traceback (most recent call first):"
-_PY_FILE = re.compile(r'^\s{1,8}File "([^"]{1,1000})", line (\d{1,9}), in (\S.{0,200}?)\s*$')
-_PY_SPECIAL = re.compile(
+_PY_FILE = lazy(r'^\s{1,8}File "([^"]{1,1000})", line (\d{1,9}), in (\S.{0,200}?)\s*$')
+_PY_SPECIAL = lazy(
     r"^\s{1,8}(Waiting for the GIL|Garbage-collecting|<built-in (?:method|function) .{1,300}>)\s*$"
 )
-_CONT = re.compile(r"^\s{2,}(?:at|from) \S")
-_FRAME_SHAPE = re.compile(
+_CONT = lazy(r"^\s{2,}(?:at|from) \S")
+_FRAME_SHAPE = lazy(
     r"^#\d{1,5}\s+(?:0x[0-9a-fA-F]{1,16} in \S|[\w:~<>.@$]{1,300}.{0,2000} \(.{0,2000}\)(?: (?:at|from) \S+)?\s*$|Frame 0x)"
 )
 
@@ -167,7 +166,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
         m = (_THREAD.match(text.lstrip("* ")) or _SWITCH.match(text)) if "LWP" in text else None
         if m:
             thread = new_thread(
-                no, text, int(m.group(1)), int(m.group(3)), m.group(4) if m.re is _THREAD else None
+                no, text, int(m.group(1)), int(m.group(3)), m.group(4) if m.re is _THREAD.compiled() else None
             )
             py_pending = False
             continue

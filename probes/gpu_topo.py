@@ -13,20 +13,17 @@ matrix: `gpus` (how many), `paths` (each pair's path, as `i-j:PATH`), `nvlink` (
 
 from __future__ import annotations
 
-import re
-
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "gpu_topology"
 
-_HEADER = re.compile(
+_HEADER = lazy(
     r"^\s{0,40}GPU0(?:\s{1,40}(?:GPU\d{1,3}|NIC\d{1,3}|mlx\d_\d{1,3}|\w{1,24}_\d{1,3}))*\s{1,40}CPU Affinity"
 )
-_ROW = re.compile(
-    r"^\s{0,8}GPU(\d{1,3})\s{1,40}((?:(?:X|NV\d{1,3}|SYS|NODE|PHB|PXB|PIX|SOC|PCI)\s{1,40}){1,64})"
-)
-_CELL = re.compile(r"X|NV\d{1,3}|SYS|NODE|PHB|PXB|PIX|SOC|PCI")
+_ROW = lazy(r"^\s{0,8}GPU(\d{1,3})\s{1,40}((?:(?:X|NV\d{1,3}|SYS|NODE|PHB|PXB|PIX|SOC|PCI)\s{1,40}){1,64})")
+_CELL = lazy(r"X|NV\d{1,3}|SYS|NODE|PHB|PXB|PIX|SOC|PCI")
 
 
 def sniff(head: bytes) -> int:

@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, field
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary
 
@@ -45,22 +46,22 @@ QUIET_WHEN_EMPTY = True
 READS_RANKED_LINES = True
 
 _HEAD = "One or more tensors were submitted to be"
-_HEAD_RE = re.compile(r"One or more tensors were submitted to\s+be")
-_MPI_TAG = re.compile(r"^\[\d{1,9},(\d{1,9})\]<std(?:out|err)>:")
+_HEAD_RE = lazy(r"One or more tensors were submitted to\s+be")
+_MPI_TAG = lazy(r"^\[\d{1,9},(\d{1,9})\]<std(?:out|err)>:")
 # Horovod's logger: `[2021-02-02 21:19:07.345988: W /path/stall_inspector.cc:105] ` or `[W file.cc:105] `.
-_HVD_HEADER = re.compile(
+_HVD_HEADER = lazy(
     r"^\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}: )?(?:[TDIWEF]|TRACE|DEBUG|INFO|WARNING|ERROR|FATAL)"
     r"(?: [^\]\s]{1,400}:\d{1,7})?\] "
 )
-_LIST_HEAD = re.compile(r"(?:Stalled ops|Stalled ranks|Missing ranks):")
+_LIST_HEAD = lazy(r"(?:Stalled ops|Stalled ranks|Missing ranks):")
 # `NAME [ready ranks: 1, 2]`: found by its bracket, then the name before it and the list up to its `]` are cut out
 # with string searches, so that a long line without the rest never makes a regex scan back and forth.
-_OP = re.compile(r" \[(ready|missing) ranks:")
-_RANK_ENTRY = re.compile(r"(?<![\w/\-.])(\d{1,9})(!?): \[")
-_RANK_ENTRY_START = re.compile(r"^\s{0,8}\d{1,9}!?: \[")
-_SECONDS = re.compile(r"for more than (\d{1,9}) seconds")
-_WILL_SHUTDOWN = re.compile(r"is stalled for longer than \d{1,9} seconds\. Will shutdown")
-_SHUT_DOWN = re.compile(r"Horovod has been shut down|HorovodInternalError")
+_OP = lazy(r" \[(ready|missing) ranks:")
+_RANK_ENTRY = lazy(r"(?<![\w/\-.])(\d{1,9})(!?): \[")
+_RANK_ENTRY_START = lazy(r"^\s{0,8}\d{1,9}!?: \[")
+_SECONDS = lazy(r"for more than (\d{1,9}) seconds")
+_WILL_SHUTDOWN = lazy(r"is stalled for longer than \d{1,9} seconds\. Will shutdown")
+_SHUT_DOWN = lazy(r"Horovod has been shut down|HorovodInternalError")
 MAX_BLOCK_LINES = 400
 
 
@@ -197,7 +198,7 @@ def _continues(block: _Block, body: str, prefix_rank: int | None) -> bool:
     return prefix_rank is not None and body.startswith("[") and body.rstrip().endswith("]")
 
 
-_TENSOR_LIST_START = re.compile(r"\[[\w/.\-:]{1,400}(?:,|\$?\s*$)")
+_TENSOR_LIST_START = lazy(r"\[[\w/.\-:]{1,400}(?:,|\$?\s*$)")
 
 
 MAX_RANK = 1 << 20  # a larger number is not a rank (a mangled line): skipped

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
+
+from hangdx.probes.rx import lazy
 
 # user@host:port, host names, IPv4, [IPv6]: nothing a shell would read specially, and no leading `-`
 # that a command line would read as an option.
-_HOST = re.compile(
+_HOST = lazy(
     r"^(?:(?P<user>[A-Za-z0-9._-]{1,64})@)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?$"
 )
 

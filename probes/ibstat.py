@@ -34,16 +34,17 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, IbPort, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "ibstat"
 
-_CA = re.compile(r"^CA '([^']+)'\s*$")
-_PORT = re.compile(r"^\s+Port (\d{1,9}):\s*$")  # {1,9}: int() of 5000 digits raises
-_FIELD = re.compile(r"^\s+(State|Physical state|Rate|Link layer):\s*(.*?)\s*$")
-_IBSTATUS = re.compile(r"^Infiniband device '([^']+)' port (\d{1,9}) status:\s*$")
-_IBSTATUS_FIELD = re.compile(r"^\s+(state|phys state|rate|link_layer):\s*(.*?)\s*$")
-_PANIC = re.compile(r"^ibpanic: .*")
+_CA = lazy(r"^CA '([^']+)'\s*$")
+_PORT = lazy(r"^\s+Port (\d{1,9}):\s*$")  # {1,9}: int() of 5000 digits raises
+_FIELD = lazy(r"^\s+(State|Physical state|Rate|Link layer):\s*(.*?)\s*$")
+_IBSTATUS = lazy(r"^Infiniband device '([^']+)' port (\d{1,9}) status:\s*$")
+_IBSTATUS_FIELD = lazy(r"^\s+(state|phys state|rate|link_layer):\s*(.*?)\s*$")
+_PANIC = lazy(r"^ibpanic: .*")
 
 # ibstatus prints the enum name; ibstat's words are what the rest of hangdx compares against
 _STATES = {

@@ -13,17 +13,16 @@ word, DOWN if the flags say NO-CARRIER or lack UP. The detail lines (`link/...`,
 
 from __future__ import annotations
 
-import re
-
 from hangdx.probes.model import Evidence, NetLink, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "ip_link"
 
 # mtu {1,9} digits: int() of a 5000-digit number raises
-_HEADER = re.compile(r"^\s*\d+:\s+([^:\s]+):\s+<([^>]*)>\s+mtu\s+(\d{1,9})\b(.*)$")
-_STATE = re.compile(r"\bstate\s+(\S+)")
-_DETAIL = re.compile(r"^\s+(?:link/\w+|inet6?\s|valid_lft\s|altname\s)")
+_HEADER = lazy(r"^\s*\d+:\s+([^:\s]+):\s+<([^>]*)>\s+mtu\s+(\d{1,9})\b(.*)$")
+_STATE = lazy(r"\bstate\s+(\S+)")
+_DETAIL = lazy(r"^\s+(?:link/\w+|inet6?\s|valid_lft\s|altname\s)")
 
 
 def sniff(head: bytes) -> int:

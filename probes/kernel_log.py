@@ -36,6 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 from hangdx.probes.xid import describe, likely_cause, normalize_bus_id
 
@@ -45,57 +46,55 @@ QUIET_WHEN_EMPTY = True
 
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
-_UPTIME = re.compile(r"^(?:\w+\s*:\s*\w+\s*:\s)?\[\s*(\d+\.\d{3,9})\]\s?")
-_CTIME = re.compile(rf"^\[({_DAY} {_MON} [ \d]\d \d\d:\d\d:\d\d \d{{4}})\]\s?")
-_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s+")
-_SYSLOG = re.compile(rf"^({_MON} [ \d]\d \d\d:\d\d:\d\d)\s+")
+_UPTIME = lazy(r"^(?:\w+\s*:\s*\w+\s*:\s)?\[\s*(\d+\.\d{3,9})\]\s?")
+_CTIME = lazy(rf"^\[({_DAY} {_MON} [ \d]\d \d\d:\d\d:\d\d \d{{4}})\]\s?")
+_ISO = lazy(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s+")
+_SYSLOG = lazy(rf"^({_MON} [ \d]\d \d\d:\d\d:\d\d)\s+")
 # After a syslog/short-iso time: "host kernel: " or "host prog[pid]: "
-_HOST_PROG = re.compile(r"^(\S+)\s+(kernel|[\w./-]+\[\d+\]):\s?")
+_HOST_PROG = lazy(r"^(\S+)\s+(kernel|[\w./-]+\[\d+\]):\s?")
 
 _BUS = r"(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
-_PCI_FN = re.compile(r"\b([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
+_PCI_FN = lazy(r"\b([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
 
-_XID = re.compile(rf"NVRM: Xid \((?:PCI:)?({_BUS})\): (\d+),\s*(.*)$")
-_XID_PID = re.compile(r"^pid=(?:'?<unknown>'?|'?(\d+)'?),\s*")
-_XID_NAME = re.compile(r"^name=([^,]*),\s*")
-_GPU_UUID = re.compile(rf"NVRM: GPU at (?:PCI:)?({_BUS}): (GPU-[0-9a-fA-F-]+)")
-_NVIDIA_GPU = re.compile(rf"NVRM: (?:The NVIDIA GPU|GPU at (?:PCI:)?|GPU) ({_BUS})\b")
-_FALLEN = re.compile(r"fallen off\s+the bus", re.I)
+_XID = lazy(rf"NVRM: Xid \((?:PCI:)?({_BUS})\): (\d+),\s*(.*)$")
+_XID_PID = lazy(r"^pid=(?:'?<unknown>'?|'?(\d+)'?),\s*")
+_XID_NAME = lazy(r"^name=([^,]*),\s*")
+_GPU_UUID = lazy(rf"NVRM: GPU at (?:PCI:)?({_BUS}): (GPU-[0-9a-fA-F-]+)")
+_NVIDIA_GPU = lazy(rf"NVRM: (?:The NVIDIA GPU|GPU at (?:PCI:)?|GPU) ({_BUS})\b")
+_FALLEN = lazy(r"fallen off\s+the bus", re.I)
 
 # A task's comm is at most 15 bytes (TASK_COMM_LEN): bounded repeats keep long hostile lines linear.
-_OOM_KILLED = re.compile(
-    r"(?:(Memory cgroup) )?[Oo]ut of memory: Kill(?:ed)? process (\d+) \(([^)]{0,64})\)(.*)$"
-)
-_KILLED = re.compile(r"^Killed process (\d+) \(([^)]{0,64})\)(.*)$")
-_OOM_KILL = re.compile(r"oom-kill:(\S+)")
-_HUNG = re.compile(r"INFO: task (.{1,64}?):(\d+) blocked for more than (\d+) seconds")
+_OOM_KILLED = lazy(r"(?:(Memory cgroup) )?[Oo]ut of memory: Kill(?:ed)? process (\d+) \(([^)]{0,64})\)(.*)$")
+_KILLED = lazy(r"^Killed process (\d+) \(([^)]{0,64})\)(.*)$")
+_OOM_KILL = lazy(r"oom-kill:(\S+)")
+_HUNG = lazy(r"INFO: task (.{1,64}?):(\d+) blocked for more than (\d+) seconds")
 # A frame of the call trace the kernel prints after a hung-task report (`dump_stack`/`show_stack`): old kernels
 # `[<ffffffffc08f1b66>] nfs_file_flush+0x46/0x60 [nfs]`, new ones ` nfs_file_flush+0x46/0x60 [nfs]`; `? ` marks a
 # frame the unwinder is unsure of.
-_FRAME = re.compile(
+_FRAME = lazy(
     r"^(?:\[<[0-9a-fA-F]{8,16}>\] )?(?:\? )?([A-Za-z_][\w.]{0,127})\+0x[0-9a-fA-F]{1,16}/0x[0-9a-fA-F]{1,16}"
     r"(?: \[(\w{1,64})\])?$"
 )
 # Lines of a hung-task report between its INFO line and its frames.
-_HUNG_BODY = re.compile(
+_HUNG_BODY = lazy(
     r"^(?:Call Trace:|<TASK>|</TASK>|Tainted:|\S{1,16}\s+D\s|task:\S|\"echo 0 > /proc/sys/kernel/hung_task|RIP: |RSP: |RAX: |RDX: |RBP: |R\d{1,2}: )"
 )
-_NFS = re.compile(r"\bnfs: server (\S+) (not responding, (still trying|timed out)|OK)\b")
-_SEGV = re.compile(r"(?<!\S)(\S+)\[(\d+)\]: segfault at (\S+)(.*)$")
-_TRAP = re.compile(r"traps: (\S+)\[(\d+)\] (general protection fault|trap [\w ]+?)(?: ip| in |$)")
-_IN_LIB = re.compile(r" in ([^\s\[]+)\[")
-_AER_RECEIVED = re.compile(
+_NFS = lazy(r"\bnfs: server (\S+) (not responding, (still trying|timed out)|OK)\b")
+_SEGV = lazy(r"(?<!\S)(\S+)\[(\d+)\]: segfault at (\S+)(.*)$")
+_TRAP = lazy(r"traps: (\S+)\[(\d+)\] (general protection fault|trap [\w ]+?)(?: ip| in |$)")
+_IN_LIB = lazy(r" in ([^\s\[]+)\[")
+_AER_RECEIVED = lazy(
     r"^(\S+) (\S+): AER: (Multiple )?(Corrected|Uncorrected \((?:Non-Fatal|Fatal)\)) error (?:message )?received(?::| from)? ?(\S*)"
 )
-_AER_BUS_ERROR = re.compile(
+_AER_BUS_ERROR = lazy(
     r"^(\S+) (\S+): (?:AER: )?PCIe Bus Error: severity=(Corrected|Uncorrected \((?:Non-Fatal|Fatal)\)), type=([^,]+)"
 )
-_MLX_PORT = re.compile(r"^(\S+) (\S+) (\S+): Port: (\d+) Link (ACTIVE|DOWN|INIT|ARMED)\b")
-_MODULE_EVENT = re.compile(r"Port module event(?:\[error\])?: module (\d+), Cable (\w+)")
-_NIC_LINK = re.compile(r"(?<![\w:.-])([A-Za-z][\w.@-]*):? NIC Link is (Up|Down)\b")
-_LINK = re.compile(r"(?<![\w:.-])([A-Za-z][\w.@-]*): [Ll]ink (?:is )?(up|down|Up|Down)\b")
-_LINK_READY = re.compile(r"ADDRCONF\(NETDEV_CHANGE\): ([\w.@-]+): link becomes ready")
-_DRIVER_DEV = re.compile(r"^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
+_MLX_PORT = lazy(r"^(\S+) (\S+) (\S+): Port: (\d+) Link (ACTIVE|DOWN|INIT|ARMED)\b")
+_MODULE_EVENT = lazy(r"Port module event(?:\[error\])?: module (\d+), Cable (\w+)")
+_NIC_LINK = lazy(r"(?<![\w:.-])([A-Za-z][\w.@-]*):? NIC Link is (Up|Down)\b")
+_LINK = lazy(r"(?<![\w:.-])([A-Za-z][\w.@-]*): [Ll]ink (?:is )?(up|down|Up|Down)\b")
+_LINK_READY = lazy(r"ADDRCONF\(NETDEV_CHANGE\): ([\w.@-]+): link becomes ready")
+_DRIVER_DEV = lazy(r"^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
 
 
 class _Line:
@@ -172,7 +171,7 @@ def _stamped(line: str) -> int:
     if hp:
         return 2 if hp.group(2) == "kernel" else 1
     # `dmesg --time-format iso` has no host: accept it when an uptime-free kernel message follows
-    return 1 if m.re is _ISO else 0
+    return 1 if m.re is _ISO.compiled() else 0
 
 
 def sniff(head: bytes) -> int:

@@ -22,28 +22,27 @@ The rank is Open MPI's rank in MPI_COMM_WORLD (Horovod's rank). A node named by 
 
 from __future__ import annotations
 
-import re
-
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary
 
 KIND = "mpi_log"
 QUIET_WHEN_EMPTY = True
 
-_NOTICED = re.compile(
+_NOTICED = lazy(
     r"mpirun noticed that process rank (\d{1,9}) with PID (\d{1,10}) on node (\S{1,253}?) "
     r"exited on signal (\d{1,3})(?: \(([^)]{1,40})\))?"
 )
-_IMPROPER = re.compile(r"process rank (\d{1,9}) with PID (\d{1,10}) on node (\S{1,253}?) exiting improperly")
-_PRIMARY = re.compile(r"Primary job\s+terminated normally, but (\d{1,9}) process(?:es)? returned")
+_IMPROPER = lazy(r"process rank (\d{1,9}) with PID (\d{1,10}) on node (\S{1,253}?) exiting improperly")
+_PRIMARY = lazy(r"Primary job\s+terminated normally, but (\d{1,9}) process(?:es)? returned")
 _DETECTED = "mpirun detected that one or more processes exited with non-zero status"
-_PROC_NAME = re.compile(r"^\s*Process name:\s*\[\[\d{1,9},\d{1,9}\],(\d{1,9})\]")
-_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d{1,4})\s*$")
+_PROC_NAME = lazy(r"^\s*Process name:\s*\[\[\d{1,9},\d{1,9}\],(\d{1,9})\]")
+_EXIT_CODE = lazy(r"^\s*Exit code:\s*(-?\d{1,4})\s*$")
 _HYDRA_BAD = "BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"
-_HYDRA_PID = re.compile(r"^\s*=\s+(?:RANK (\d{1,9}) )?PID (\d{1,10}) RUNNING AT (\S{1,253})\s*$")
-_HYDRA_CODE = re.compile(r"^\s*=\s+EXIT CODE: (-?\d{1,4})\s*$")
-_HYDRA_SIGNAL = re.compile(r"^\s*=\s+KILLED BY SIGNAL: (\d{1,3})(?: \(([^)]{1,40})\))?\s*$")
+_HYDRA_PID = lazy(r"^\s*=\s+(?:RANK (\d{1,9}) )?PID (\d{1,10}) RUNNING AT (\S{1,253})\s*$")
+_HYDRA_CODE = lazy(r"^\s*=\s+EXIT CODE: (-?\d{1,4})\s*$")
+_HYDRA_SIGNAL = lazy(r"^\s*=\s+KILLED BY SIGNAL: (\d{1,3})(?: \(([^)]{1,40})\))?\s*$")
 _PLACEHOLDERS = {"hostname", "host", "node", "nodename", "localhost.localdomain", "xxx", "redacted"}
 SIGNALS = {
     1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",

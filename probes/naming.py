@@ -5,14 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import PurePath
 
-_RANK = re.compile(r"(?:^|[^a-z])(?:rank|default|r)[-_.]?(\d{1,6})(?![0-9])", re.I)
-_HOSTISH = re.compile(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*$", re.I)
+from hangdx.probes.rx import lazy
+
+_RANK = lazy(r"(?:^|[^a-z])(?:rank|default|r)[-_.]?(\d{1,6})(?![0-9])", re.I)
+_HOSTISH = lazy(r"^[a-z][a-z0-9-]*\d[a-z0-9-]*$", re.I)
 
 
 # Slurm's `--output=%j-%t.out` (job id, then task id = global rank): `12345-7.out`.
-_SLURM_TASK = re.compile(r"^\d{1,12}-(\d{1,6})\.(?:out|err|log)$")
+_SLURM_TASK = lazy(r"^\d{1,12}-(\d{1,6})\.(?:out|err|log)$")
 # torchrun's `--log-dir`: `<run id>/attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}`.
-_TORCHRUN_DIR = re.compile(r"(?:^|/)attempt_\d{1,4}/(\d{1,5})/(?:stdout\.log|stderr\.log|error\.json)$")
+_TORCHRUN_DIR = lazy(r"(?:^|/)attempt_\d{1,4}/(\d{1,5})/(?:stdout\.log|stderr\.log|error\.json)$")
 
 
 def rank_from_name(path: str) -> int | None:

@@ -13,9 +13,8 @@ Each becomes an `nccl_error` (or `nccl_warn`) event whose `stage` says whether t
 
 from __future__ import annotations
 
-import re
-
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary
 
@@ -41,30 +40,30 @@ _CODE_TEXT = {
 }
 # A line that starts with a result code (after a launcher's `[name]:` label at most): never a Python exception
 # line, which torch_log reads (`RuntimeError: NCCL error in: ...` keeps its own line).
-_LABEL = re.compile(r"^\[[^\]\s]{1,64}\]:? ?")  # a launcher's `[trainer0|0]:`
-_CODE_LINE = re.compile(r"^(?:\[[^\]\s]{1,64}\]:? ?)?(?P<code>" + "|".join(_CODES) + r")\b:? ?(?P<msg>.*)$")
-_CALL_FAILED = re.compile(
+_LABEL = lazy(r"^\[[^\]\s]{1,64}\]:? ?")  # a launcher's `[trainer0|0]:`
+_CODE_LINE = lazy(r"^(?:\[[^\]\s]{1,64}\]:? ?)?(?P<code>" + "|".join(_CODES) + r")\b:? ?(?P<msg>.*)$")
+_CALL_FAILED = lazy(
     r"(?:NCCL operation )?(?P<func>nccl\w{2,40})\([^()]{0,200}\) failed"
     r"(?::? ?(?P<msg>.*))?$"
 )
 # XLA: "Last NCCL warning(error): 'Bootstrap : ...'" and "Last NCCL warning(error) log entry (may be unrelated)
 # 'Cuda failure 2 'out of memory''."; PyTorch: "Last error:" then the warning on the next line.
-_LAST = re.compile(
+_LAST = lazy(
     r"Last NCCL (?:warning|error)(?:\(\w{1,20}\))?(?: log entry(?: \(may be unrelated\))?)?:? ?'(?P<text>.*)'"
     r"|^Last error:\s*(?P<rest>.*)$"
 )
 # NCCL <= 2.3 printed `file:line WARN` without the word NCCL when pasted bare.
 # (NCCL 2.0 printed `host [dev] include/socket.h:185 WARN Call to connect failed : Connection refused`.)
-_OLD_WARN = re.compile(
+_OLD_WARN = lazy(
     r"^(?:[^\[\]]{1,64}? \[\d{1,6}\] )?(?P<file>\S+\.(?:h|hpp|c|cc|cu|cpp)):(?P<line>\d{1,6}) WARN (?P<msg>\S.*)$"
 )
 _CONTINUE = 4  # lines after a head that belong to its message ("Last error:", the warning itself)
 
-SETUP_WORDS = re.compile(
+SETUP_WORDS = lazy(
     r"[Bb]ootstrap|(?:(?<![\w/])|(?<=src/))init\.c[cu]:|ncclCommInit\w*|ncclCommSplit|[Nn]o socket interface|No usable listening "
     r"interface|Socket creation failed|ncclSocketInit\b|ncclSocketListen|ncclFindInterface"
 )
-DATA_WORDS = re.compile(r"\[Pro(?:xy|gress) [Tt]hread\]|Proxy thread error|socket progress error")
+DATA_WORDS = lazy(r"\[Pro(?:xy|gress) [Tt]hread\]|Proxy thread error|socket progress error")
 
 
 def stage_of(text: str) -> str | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from hangdx.probes.model import CollectiveRecord, Evidence, LogEvent, Quote, Source
 from hangdx.probes.nccl_error import stage_of as _stage_of
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary, strip_rank_prefix
 
@@ -25,75 +26,75 @@ KIND = "nccl_log"
 # A log with nothing of note in it is the usual case, not a file cut short: no gap for it.
 QUIET_WHEN_EMPTY = True
 
-_LINE = re.compile(
+_LINE = lazy(
     r"(?<![\w.\-])(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:\d+\.\d+ )?(?:(?:\S+:|\S+\.(?:h|hpp|c|cc|cu|cpp) )\d+ (?:\([^()]*\) )?)?"  # <= 2.3: `socket.h 398 `
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?(?P<msg>.*)$"
 )
 # NCCL 2.0-2.2 printed no `NCCL` word: `node1:54573:54696 [1] include/socket.h:194 WARN Call to recv failed : ...`
 # (WARN after its source file and line), `node1:54573:54696 [1] INFO transport/net_ib.cu:537 -> 2`.
-_LINE_OLD = re.compile(
+_LINE_OLD = lazy(
     r"(?<![\w.\-])(?P<host>[A-Za-z0-9][\w.\-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,6})\] "
     r"(?:[\w./\-]{1,200}\.(?:h|hpp|c|cc|cu|cpp):\d{1,7} (?=WARN))?(?P<level>INFO|WARN) (?P<msg>\S.*)$"
 )
 # A warning quoted without its prefix, as people paste one line of a log: `NCCL WARN NET/IB : Got async event ...`
 # (and `transport/net_ib.cc:1234 NCCL WARN ...`): read as NCCL's, from no known host or process.
-_BARE = re.compile(r"^(?:\S+\.cc:\d+ )?NCCL (?P<level>WARN) (?P<msg>\S.*)$")
+_BARE = lazy(r"^(?:\S+\.cc:\d+ )?NCCL (?P<level>WARN) (?P<msg>\S.*)$")
 # A log whose `host:pid:tid` was cut off, keeping the CUDA device: `[0] NCCL INFO Send: opCount 1 ...`.
-_NO_HOST = re.compile(r"^\[(?P<dev>-?\d{1,6})\] (?:\S+:\d+ )?NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>\S.*)$")
-_TIMESTAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
-_VERSION = re.compile(r"NCCL version (\d{1,6})\.(\d{1,6})\.(\d{1,6})(\S*)")  # int() refuses 5000 digits
-_COLL = re.compile(
+_NO_HOST = lazy(r"^\[(?P<dev>-?\d{1,6})\] (?:\S+:\d+ )?NCCL (?P<level>INFO|WARN|TRACE) (?P<msg>\S.*)$")
+_TIMESTAMP = lazy(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
+_VERSION = lazy(r"NCCL version (\d{1,6})\.(\d{1,6})\.(\d{1,6})(\S*)")  # int() refuses 5000 digits
+_COLL = lazy(
     r"^(?P<op>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<send>\S+) recvbuff (?P<recv>\S+) "
     r"count (?P<count>\d{1,20}) datatype (?P<dtype>\d{1,9}) op (?P<redop>\d{1,9}) root (?P<root>-?\d{1,9}) "
     r"comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) \[nranks=(?P<nranks>\d{1,9})\](?: stream (?P<stream>\S+))?"
 )
 # 2.19+: one line per communicator with its shape.
-_INIT_SHAPE = re.compile(
+_INIT_SHAPE = lazy(
     r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) "
     r"localRanks (?P<local_ranks>\d+) localRank (?P<local_rank>\d+)(?: MNNVL (?P<mnnvl>\d+))?"
 )
 # Every version: "[ncclCommInitRank ]comm 0x.. rank 3 nranks 8 cudaDev 3 [nvmlDev 3 ]busId .. - Init COMPLETE"
 # (commId, when printed, comes before "Init COMPLETE").
-_INIT_DONE = re.compile(
+_INIT_DONE = lazy(
     r"(?:(?<!\w)(?P<func>nccl\w+) )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
     r"cudaDev (?P<cuda_dev>-?\d+)"
 )
-_COMM_ID = re.compile(r"commId (0x[0-9a-fA-F]+)")
-_NET_USING = re.compile(r"^NET/(?P<transport>[\w/]+) ?: Using ?(?P<devices>.*)$")
-_NET_NETWORK = re.compile(r"^Using network (?P<transport>.*\S)\s*$")
-_IFNAME = re.compile(r"^(?P<var>NCCL_\w*IFNAME) set (?:by environment )?to (?P<value>\S+)")
+_COMM_ID = lazy(r"commId (0x[0-9a-fA-F]+)")
+_NET_USING = lazy(r"^NET/(?P<transport>[\w/]+) ?: Using ?(?P<devices>.*)$")
+_NET_NETWORK = lazy(r"^Using network (?P<transport>.*\S)\s*$")
+_IFNAME = lazy(r"^(?P<var>NCCL_\w*IFNAME) set (?:by environment )?to (?P<value>\S+)")
 # <= 2.18: "with error 12, opcode 0, len 0, vendor err 129 (Recv)"; 2.21-2.28: "with status=12 opcode=0 len=0
 # vendor err 129 (Recv)"; 2.29+: "with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) vendor_err=129".
-_IB_COMPLETION = re.compile(
+_IB_COMPLETION = lazy(
     r"NET/IB(?:/GIN)? ?: Got completion from peer (?P<peer>\S+) with "
     r"(?:error (?P<err_old>\d+), opcode (?P<op_old>\d+), len (?P<len_old>\d+), vendor err (?P<vendor_old>\d+)"
     r"|status=(?:(?P<status_name>[A-Z_]+)\()?(?P<err>\d+)\)? opcode=(?:(?P<op_name>[A-Z_]+)\()?(?P<op>\d+)\)?"
     r"(?: len=(?P<len>\d+))?(?: vendor err |\s*vendor_err=)(?P<vendor>\d+))"
     r"(?: \((?P<dir>\w+)\))?"
 )
-_HCA = re.compile(r"\bhca (\S+)")
-_LOCAL_GID = re.compile(r"localGid (\S+)")
-_REMOTE_GID = re.compile(r"remoteGids? ?(\S+)")
+_HCA = lazy(r"\bhca (\S+)")
+_LOCAL_GID = lazy(r"localGid (\S+)")
+_REMOTE_GID = lazy(r"remoteGids? ?(\S+)")
 # "NET/IB : Got async event : port error" (<= 2.19), "NET/IB : mlx5_0:1 Got async event : port error" (2.21),
 # "... Got async error event: port error" (2.23-2.28), "... Got non-fatal async event: port error(10)" (2.29+),
 # "... async fatal event on QP (0x..): ..." and "... GID table changed".
-_IB_ASYNC = re.compile(
+_IB_ASYNC = lazy(
     r"NET/IB ?: (?:(?P<dev>[\w.\-]+):(?P<port>\d+) )?"
     r"(?:Got (?:non-fatal |)async (?:error )?event ?: ?(?P<event>.*\S)"
     r"|async fatal event on (?P<fatal_on>QP|SRQ)\b.*: (?P<fatal_event>[^:]+)$"
     r"|(?P<gid>GID table changed))"
 )
-_EVENT_CODE = re.compile(r"\((\d+)\)$")
+_EVENT_CODE = lazy(r"\((\d+)\)$")
 # (Every group stops at a comma or the line's end: a lazy `.+?` before `\s*$` is quadratic on long lines.)
-_CONNECT_FAIL = re.compile(
+_CONNECT_FAIL = lazy(
     r"(?:[Cc]onnect to (?P<peer>\S+) (?:failed : |returned )(?P<err>[^,]+)(?:, retrying.*|, exceeded.*)?$"
     r"|Call to connect returned (?P<err2>[^,]{1,200}), retrying"
     r"|Connection closed by remote peer (?P<peer3>\S+)"
     r"|Call to (?:recv from|send to) (?P<peer4>\S+) failed : (?P<err4>.*\S)"
     r"|Call to (?:connect|recv|send|read|write)\w{0,8} failed ?: (?P<err5>[^.]*[^.\s]))"  # <= 2.3: no peer named
 )
-_TIMEOUT = re.compile(r"exceeded timeouts|timed out|[Tt]imeout", re.I)
+_TIMEOUT = lazy(r"exceeded timeouts|timed out|[Tt]imeout", re.I)
 
 _DTYPES = {
     0: "int8",
@@ -309,7 +310,7 @@ def parse_nccl_lines(
 
 # Lines NCCL prints when a communicator goes down (ncclCommDestroy / ncclCommAbort, the proxy's service thread
 # seeing a local rank leave): past set-up, whatever came before.
-_TEARDOWN = re.compile(
+_TEARDOWN = lazy(
     r"Destroy COMPLETE|Abort COMPLETE|\[Service thread\]|ncclComm(?:Destroy|Abort|Finalize)|[Ff]inaliz"
 )
 
@@ -339,9 +340,9 @@ def _setup_tail(nccl: list[NcclLine], src: Source, ev: Evidence, first_event: in
 # -> 2 [Proxy Thread]`): set-up (bootstrap, communicator init, socket creation) or the data path (the proxy thread
 # moving a collective's bytes). Either decides; with neither, a process that already finished `Init COMPLETE` or
 # issued collectives is past set-up.
-_TRACE = re.compile(r"^(?:\S+:\d+ )?\S+:\d+ ?-> ?\d+")  # NCCL's error return trace: `file.cc:123 -> 2`
+_TRACE = lazy(r"^(?:\S+:\d+ )?\S+:\d+ ?-> ?\d+")  # NCCL's error return trace: `file.cc:123 -> 2`
 _STAGED = ("nccl_conn_refused", "nccl_warn", "nccl_timeout")
-_CONNECTING = re.compile(r"[Cc]onnect(?:ion)? to|Call to connect")
+_CONNECTING = lazy(r"[Cc]onnect(?:ion)? to|Call to connect")
 
 
 def _mark_stages(nccl: list[NcclLine], events: list[LogEvent]) -> None:

@@ -34,30 +34,31 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "nccl_tests"
 QUIET_WHEN_EMPTY = True
 
-_NTHREAD = re.compile(r"^#\s*nThread\s+\d{1,6}\s+nGpus\s+\d{1,6}")
+_NTHREAD = lazy(r"^#\s*nThread\s+\d{1,6}\s+nGpus\s+\d{1,6}")
 # `#  Rank  0 Group  0 Pid  58680 on  sw53 device  0 [0xb1] Tesla V100-PCIE-32GB` (older: no `Group`)
-_RANK = re.compile(
+_RANK = lazy(
     r"^#\s*Rank\s+(\d{1,7})(?:\s+Group\s+\d{1,7})?\s+Pid\s+(\d{1,10})\s+on\s+(\S{1,253})\s+device\s+(\d{1,4})"
     r"(?:\s+\[(0x[0-9a-fA-F]{1,8}|[0-9a-fA-F:.]{1,20})\])?\s*(.*)$"
 )
-_COLUMNS = re.compile(r"^#\s+size\s+count\s+type\b")
-_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]{1,20})")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d{1,12})\s+(\w+)")
+_COLUMNS = lazy(r"^#\s+size\s+count\s+type\b")
+_AVG = lazy(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]{1,20})")
+_OOB = lazy(r"^#\s*Out of bounds values\s*:\s*(\d{1,12})\s+(\w+)")
 _NUM = r"(?:\d{1,15}(?:\.\d{1,12})?|N/A|[\d.]{1,12}e[+-]\d{1,3})"
 # A result row: size, count, type, [redop], [root], then out-of-place and in-place (time algbw busbw #wrong).
-_ROW = re.compile(
+_ROW = lazy(
     rf"^\s*\d{{1,15}}\s+\d{{1,15}}\s+[a-z][a-z0-9_]{{0,15}}(?:\s+[a-z][a-z_]{{0,15}})?(?:\s+-?\d{{1,6}})?(?:\s+{_NUM}){{8}}\s*$"
 )
 # A node set and its figure: `node1,node2   49.36`, `node1, node2: 49.36 GB/s  # comment`.
 # One way only to match a name (no comma or space in it), so a long line cannot make the pattern backtrack; that
 # every name holds a digit (gpu-b01, not "Total") is checked after the match.
 _HOSTNAME = r"[A-Za-z][\w.\-]{0,125}"
-_NODE_SET = re.compile(
+_NODE_SET = lazy(
     rf"^\s*({_HOSTNAME}(?:\s{{0,2}},\s{{0,2}}{_HOSTNAME}){{1,63}})\s*[:|=]?\s+(\d{{1,9}}(?:\.\d{{1,9}})?)"
     r"\s*(GB/s|Gb/s|GB/S|Gbps|us|ms|s)?\s*(?:#.*|\(.*\))?$"
 )
@@ -72,7 +73,7 @@ def _node_set(line: str) -> re.Match | None:
     return m
 
 
-_TIME_HEADER = re.compile(r"\b(?:time|latency|us|ms|seconds?)\b", re.I)
+_TIME_HEADER = lazy(r"\b(?:time|latency|us|ms|seconds?)\b", re.I)
 
 
 def sniff(head: bytes) -> int:

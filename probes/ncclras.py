@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import decode, looks_binary
 
 KIND = "ncclras"
@@ -56,42 +57,40 @@ _HOST = r"[0-9A-Za-z][0-9A-Za-z.:_%\-]{0,253}"  # ncclSocketToHost: an IPv4 or I
 _GPU = r"\d{1,4}(?: \(NVML \d{1,4}\))?"
 _GPUS = r"\d{1,4}(?:,\d{1,4}){0,63}(?: \(NVML \d{1,4}(?:,\d{1,4}){0,63}\))?"
 
-_VERSION = re.compile(r"^NCCL version (\S{1,40}) compiled with CUDA (\S{1,20})$")
-_CUDA = re.compile(r"^CUDA runtime version (-?\d{1,9}), driver version (-?\d{1,9})$")
-_COMMUNICATORS = re.compile(r"^Communicators\.\.\.(?: \((\d{1,9}\.\d{1,3})s\))?$")
-_TABLE_HEAD = re.compile(r"^Group\s+Comms\s+Nodes\s+Ranks\s+Ranks\s+Ranks\s+Status\s+Errors$")
+_VERSION = lazy(r"^NCCL version (\S{1,40}) compiled with CUDA (\S{1,20})$")
+_CUDA = lazy(r"^CUDA runtime version (-?\d{1,9}), driver version (-?\d{1,9})$")
+_COMMUNICATORS = lazy(r"^Communicators\.\.\.(?: \((\d{1,9}\.\d{1,3})s\))?$")
+_TABLE_HEAD = lazy(r"^Group\s+Comms\s+Nodes\s+Ranks\s+Ranks\s+Ranks\s+Status\s+Errors$")
 # `%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s`: group, comms in group, nodes per comm, ranks per node, ranks per comm,
 # ranks in group, status, errors.
-_TABLE_ROW = re.compile(
+_TABLE_ROW = lazy(
     r"^\s*(\d{1,6})\s+(\d{1,9})\s+(\d{1,9})\s+(\d{1,4}(?:-\d{1,4})?)\s+(\d{1,9})\s+(\d{1,9})\s+"
     r"(NOCOMM|INIT|RUNNING|FINALIZE|ABORT)\s+((?:OK|MISMATCH|ERROR|INCOMPLETE)(?:,(?:MISMATCH|ERROR|INCOMPLETE)){0,2})$"
 )
-_SECTION = re.compile(r"^(Errors|Warnings|INCOMPLETE|DEAD|TIMEOUT)$")
-_COMM = re.compile(r"^#(\d{1,6})-(\d{1,9}) \(([0-9a-f]{1,16})\) (INCOMPLETE|ERROR|MISMATCH)$")
-_MISSING_PROCS = re.compile(r"^Missing communicator data from (\d{1,9}) job process(?:es)?$")
-_DEAD_PROCS = re.compile(
+_SECTION = lazy(r"^(Errors|Warnings|INCOMPLETE|DEAD|TIMEOUT)$")
+_COMM = lazy(r"^#(\d{1,6})-(\d{1,9}) \(([0-9a-f]{1,16})\) (INCOMPLETE|ERROR|MISMATCH)$")
+_MISSING_PROCS = lazy(r"^Missing communicator data from (\d{1,9}) job process(?:es)?$")
+_DEAD_PROCS = lazy(
     r"^(\d{1,9}) job process(?:es are| is) considered dead \(unreachable via the RAS network\)$"
 )
-_PROCESS = re.compile(rf"^Process (\d{{1,10}}) on node ({_HOST}) managing GPUs? ({_GPUS})$")
-_NOT_FOUND = re.compile(r"^\[could not find information on (\d{1,9}) process(?:es)?\]$")
-_MISSING_RANKS = re.compile(r"^Missing communicator data from (\d{1,9}) ranks?$")
-_MISSING_LIST = re.compile(r"^The missing ranks?: (\d{1,9}(?:, ?\d{1,9}){0,63})")  # NCCL 2.24-2.25
-_TIMEOUTS = re.compile(r"^Encountered (\d{1,9}) communication timeouts? while gathering communicator data$")
-_DIFF_COUNTS = re.compile(r"^Communicator ranks have different (\w{1,20}) operation counts$")
-_DIFF_STATUS = re.compile(r"^Communicator ranks have different status$")
-_GROUP = re.compile(
-    r"^(\d{1,9}) ranks have (?:launched up to operation (\d{1,20})|(not launched any operations))$"
-)
-_GROUP_STATUS = re.compile(r"^(\d{1,9}) ranks have status (NOCOMM|UNKNOWN|INIT|RUNNING|FINALIZE|ABORT)$")
-_GROUP_ERROR = re.compile(r"^(\d{1,9}) ranks reported (.{1,60})$")
-_ERRORS_ON = re.compile(r"^(Initialization|Asynchronous) errors? on (\d{1,9}) ranks?$")
+_PROCESS = lazy(rf"^Process (\d{{1,10}}) on node ({_HOST}) managing GPUs? ({_GPUS})$")
+_NOT_FOUND = lazy(r"^\[could not find information on (\d{1,9}) process(?:es)?\]$")
+_MISSING_RANKS = lazy(r"^Missing communicator data from (\d{1,9}) ranks?$")
+_MISSING_LIST = lazy(r"^The missing ranks?: (\d{1,9}(?:, ?\d{1,9}){0,63})")  # NCCL 2.24-2.25
+_TIMEOUTS = lazy(r"^Encountered (\d{1,9}) communication timeouts? while gathering communicator data$")
+_DIFF_COUNTS = lazy(r"^Communicator ranks have different (\w{1,20}) operation counts$")
+_DIFF_STATUS = lazy(r"^Communicator ranks have different status$")
+_GROUP = lazy(r"^(\d{1,9}) ranks have (?:launched up to operation (\d{1,20})|(not launched any operations))$")
+_GROUP_STATUS = lazy(r"^(\d{1,9}) ranks have status (NOCOMM|UNKNOWN|INIT|RUNNING|FINALIZE|ABORT)$")
+_GROUP_ERROR = lazy(r"^(\d{1,9}) ranks reported (.{1,60})$")
+_ERRORS_ON = lazy(r"^(Initialization|Asynchronous) errors? on (\d{1,9}) ranks?$")
 _WHERE = rf"(?:GPU (?P<gpu>{_GPU}) managed by process (?P<pid>\d{{1,10}}) on node (?P<host>{_HOST})|\[process information not found\])"
-_MEMBER = re.compile(rf"^Rank (?P<rank>\d{{1,9}}) -- {_WHERE}$")
-_ONE_COUNT = re.compile(
+_MEMBER = lazy(rf"^Rank (?P<rank>\d{{1,9}}) -- {_WHERE}$")
+_ONE_COUNT = lazy(
     rf"^Rank (?P<rank>\d{{1,9}}) has (?:launched up to operation (?P<value>\d{{1,20}})|(?P<none>not launched any operations)) -- {_WHERE}$"
 )
-_ONE_STATUS = re.compile(rf"^Rank (?P<rank>\d{{1,9}}) has status (?P<status>[A-Z]{{3,10}}) -- {_WHERE}$")
-_ONE_ERROR = re.compile(rf"^Rank (?P<rank>\d{{1,9}}) reported (?P<error>.{{1,60}}?) -- {_WHERE}$")
+_ONE_STATUS = lazy(rf"^Rank (?P<rank>\d{{1,9}}) has status (?P<status>[A-Z]{{3,10}}) -- {_WHERE}$")
+_ONE_ERROR = lazy(rf"^Rank (?P<rank>\d{{1,9}}) reported (?P<error>.{{1,60}}?) -- {_WHERE}$")
 
 # Lines only ncclras prints: how the reader (probes/reader.py) knows a region is a RAS report.
 _OWN = (
@@ -418,7 +417,7 @@ def _finish_text(rep: _Report) -> None:
 
 # -- the JSON form ------------------------------------------------------------------------------------------
 
-_J_LINE = re.compile(r'^\s*"(\w{1,40})":\s*(.*?),?\s*$')
+_J_LINE = lazy(r'^\s*"(\w{1,40})":\s*(.*?),?\s*$')
 
 
 def _parse_json(text: str, src: Source, ev: Evidence) -> None:

@@ -11,67 +11,67 @@ printed it and attributed to the process that printed it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from hangdx.probes.naming import host_from_path, rank_from_name
+from hangdx.probes.rx import lazy
 
 # CSI (colours, cursor moves), OSC (titles, links) and two-character escapes; bounded, so linear.
-_ANSI = re.compile(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_ANSI = lazy(r"\x1b(?:\[[0-9;?]{0,64}[ -/]{0,4}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-Z\\-_])")
 # torchrun: `[rank3]:` (c10d's log prefix) and `[default3]:` (the elastic agent's `[{role}{local_rank}]:` with --tee).
-_TORCHRUN = re.compile(r"\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
+_TORCHRUN = lazy(r"\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
 # Open MPI's `mpirun --tag-output`: `[1,3]<stderr>:` is job 1, rank 3 (the line follows the colon directly).
 # horovodrun's own launcher tags `[3]<stderr>:`, after `time.asctime()` with --prefix-output-with-timestamp
 # (horovod/runner/common/util/safe_shell_exec.py): `Fri Sep 18 03:11:09 2020[3]<stderr>:`.
-_OMPI_TAG = re.compile(
+_OMPI_TAG = lazy(
     r"(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?\[(?:\d{1,9},)?(\d{1,9})\]<(?:stdout|stderr|stddiag)>:"
 )
 # A shell prompt before a command (`user@gpu-node-03:~/run$ nvidia-smi`, `[user@node17 dir]# dmesg`,
 # `zeyer@cn-234 ~ % nvidia-smi`): the output under it came from that host.
-_PROMPT = re.compile(
+_PROMPT = lazy(
     r"(?:\([\w.\-]{1,64}\) ?)?\[?[a-z_][\w.\-]{0,31}@([A-Za-z0-9][A-Za-z0-9_.\-]{0,62})"
     r"(?::[~/][^\s$#%>\]]{0,256}| [~/][^\s$#%>\]]{0,256}| [\w.\-~/]{1,128}(?=\]))?\]? ?[$#%](?: (.*)|\s*$)"
 )
 # Commands whose output comes from other hosts (launchers, remote shells): their prompt names no source.
-_REMOTE_CMD = re.compile(
+_REMOTE_CMD = lazy(
     r"\s*(?:sudo )?(?:mpirun|mpiexec|srun|salloc|sbatch|torchrun|deepspeed|accelerate|horovodrun|pdsh|clush|ssh"
     r"|kubectl|docker|ray|python\S* -m torch\.distributed)\b"
 )
-_SRUN = re.compile(r"\s{0,6}(\d{1,6}):(?: |$)")  # an empty labelled line may have lost its blank
-_RANK_WORD = re.compile(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
+_SRUN = lazy(r"\s{0,6}(\d{1,6}):(?: |$)")  # an empty labelled line may have lost its blank
+_RANK_WORD = lazy(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
 # `[rank8] ...`: torchrun's tag as people retype it, without its colon.
-_RANK_TAG = re.compile(r"\[(?:default)?rank(\d{1,9})\] (?=\S)")
-_POD = re.compile(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
+_RANK_TAG = lazy(r"\[(?:default)?rank(\d{1,9})\] (?=\S)")
+_POD = lazy(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
 # Ray's actor prefix `(RayTrainWorker pid=615, ip=10.0.0.3) `, and vLLM's worker processes, which print the same
 # shape (vllm's _add_prefix): `(VllmWorker rank=1 pid=8700) `, in newer releases `(Worker_TP1 pid=1163) `,
 # `(Worker_PP1_TP0 pid=...) `, `(EngineCore_DP0 pid=...) `. A worker's rank is read when its name gives it alone
 # (rank=N, or a tensor-parallel rank with no pipeline or data-parallel rank beside it).
-_RAY = re.compile(
+_RAY = lazy(
     r"\((?:VllmWorker rank=(\d{1,6})|Worker_TP(\d{1,6})|\w{1,64}) pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ?"
 )
 # SGLang's log prefix (python/sglang/srt/utils.py configure_logger: `[%(asctime)s TP3] `): the tensor-parallel
 # rank of the scheduler that printed, read when no DP or PP rank stands beside it; the line keeps its time.
-_SGLANG = re.compile(r"\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d )?TP(\d{1,5})(?: EP\d{1,5})?\] ")
-_RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
-_GUTTER = re.compile(r"\[(\d{1,9})\] ")
+_SGLANG = lazy(r"\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d )?TP(\d{1,5})(?: EP\d{1,5})?\] ")
+_RFC3339 = lazy(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
+_GUTTER = lazy(r"\[(\d{1,9})\] ")
 # NCCL's own `[dev] ` before its message when the host:pid:tid part is gone (`[10] NCCL INFO ...`, `[10]
 # ./src/include/alloc.h:58 NCCL WARN ...`): the CUDA device the line is about, never a log viewer's line number.
-_NCCL_AFTER_DEV = re.compile(r"(?:\S{1,300}\.(?:cc|cu|h|c|cpp):\d{1,6} )?NCCL (?:INFO|WARN|TRACE|ABORT)\b")
-_HOST = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,62}): ")
-_GREP_H = re.compile(
+_NCCL_AFTER_DEV = lazy(r"(?:\S{1,300}\.(?:cc|cu|h|c|cpp):\d{1,6} )?NCCL (?:INFO|WARN|TRACE|ABORT)\b")
+_HOST = lazy(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,62}): ")
+_GREP_H = lazy(
     r"((?:[\w.\-]{1,128}/){0,16}[\w.\-]{1,128}\.(?:log|txt|out|err|stderr|stdout|trace))(?::(\d{1,9}))?[:\-]"
 )
 # grep -H over the system log, whose files have no extension (`/var/log/messages:Jun 17 ...`, `syslog.1:...`).
-_GREP_SYSLOG = re.compile(
+_GREP_SYSLOG = lazy(
     r"(/?(?:[\w.\-]{1,128}/){0,16}(?:messages|syslog|dmesg)(?:[.\-]\d{1,8})?)(?::(\d{1,9}))?:(?=\S)"
 )
 # `ip link` rows (`2: eth0: <BROADCAST,...>`) look like srun's `2: ` label; they are not one.
-_IP_LINK_ROW = re.compile(r"\d{1,6}: [\w@.\-]{1,40}: <")
+_IP_LINK_ROW = lazy(r"\d{1,6}: [\w@.\-]{1,40}: <")
 # Nor are the rows of MPICH mpiexec's `job aborted:` table (`rank: node: exit code: error`): the row is read whole.
-_MPI_ABORT_ROW = re.compile(r"\d{1,7}: [\w.\-]{1,253}: -?\d{1,4}: Fatal error in ")
+_MPI_ABORT_ROW = lazy(r"\d{1,7}: [\w.\-]{1,253}: -?\d{1,4}: Fatal error in ")
 # A host label is a node name (`gpu-node-03`, `node17`, `ip-10-0-0-1.ec2.internal`), not a word that ends a
 # Python exception or a logging level.
-_NOT_HOST = re.compile(
+_NOT_HOST = lazy(
     r"(?:Error|Exception|Warning|Interrupt|Exit|Iteration|Traceback|Note|Hint)$|^(?:kernel|localhost6?)$|torch"
     # The kernel's and drivers' own device names before a message (`bond0: (slave ens1f0): ...`, `ib0: ...`,
     # `nvme0n1: Read(0x2) ...`, `nvidia-nvswitch3: SXid ...`, `mlx5_core 0000:3b:00.0: ...`, `mlx5: host: ...`):
@@ -79,17 +79,17 @@ _NOT_HOST = re.compile(
     r"|^(?:bond|eth|ib|ens|enp|eno|enx|nvme|nvidia-nvswitch|nvswitch|hfi\d_|mlx\d_|qedr|bnxt_re|irdma|efa_)\w{0,24}$"
     r"|^mlx\d(?:_core|_ib)?$"
 )
-_FENCE = re.compile(r"\s{0,8}(?:```|~~~)")
+_FENCE = lazy(r"\s{0,8}(?:```|~~~)")
 # pytest's failure report marks each line of the error it explains with `E` and seven spaces (the line's own
 # indentation follows): `E       Traceback (most recent call last):`, `E         File "x.py", line 3, in f`.
 _PYTEST_E = "E       "
-_ELISION = re.compile(
+_ELISION = lazy(
     r"\s*(?:\.{2,}|…+|\[\s*(?:\.{3}|…|snip\w*)\s*\]|\(\s*(?:\.{3}|…|snip\w*)\s*\)|<\s*(?:\.{3}|snip\w*)\s*>"
     r"|(?:\.{3}|…) ?\(?\d{0,9} ?(?:more )?lines?(?: \w+){0,3}\)?)\s*"
 )
 # The end of a tqdm / Lightning bar (`12/100 [00:03<00:24,  3.61it/s, loss=2.6]`), when more text follows it on
 # the same line (the bar had no newline of its own and the next message was printed after it).
-_BAR_END = re.compile(
+_BAR_END = lazy(
     r"(?<!\d)\d{1,12}/\d{1,12} \[[0-9:<>?]{1,32}(?:, {1,3}[0-9.?]{1,12} ?(?:it/s|s/it))?[^\]\n]{0,240}\]"
 )
 
@@ -112,7 +112,7 @@ class Line:
 
 # NCCL's `host:pid:tid [dev]` wherever it sits on a line, with the host in any form a log or a person left:
 # `gpu-node-48`, `...-48` (shortened by hand), `10.0.0.7`, `trainer-0-worker-3` (a pod).
-_NCCL_ORIGIN = re.compile(
+_NCCL_ORIGIN = lazy(
     r"(?:^|[\s\]|])(?P<host>[^\s:\[\]|]{1,253}):(?P<pid>\d{1,10}):\d{1,10} \[(?P<dev>-?\d{1,6})\]"
 )
 
@@ -298,7 +298,7 @@ _WRAPPED_HEADS = ("WorkNCCL(", "CollectiveFingerPrint(", "WorkGloo(")
 
 
 _WATCHDOG = "Watchdog caught collective operation timeout"
-_RAN_FOR = re.compile(r"ran for \d{1,15} milliseconds")
+_RAN_FOR = lazy(r"ran for \d{1,15} milliseconds")
 
 
 def joins_next(text: str) -> bool:

@@ -30,34 +30,35 @@ import re
 from typing import Any
 
 from hangdx.probes.model import Evidence, GpuState, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 from hangdx.probes.xid import normalize_bus_id
 
 KIND = "nvidia_smi"
 
 _BUS = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
-_UUID = re.compile(r"^(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
-_BUS_RE = re.compile(rf"^{_BUS}$")
+_UUID = lazy(r"^(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_BUS_RE = lazy(rf"^{_BUS}$")
 
-_HEADER = re.compile(r"NVIDIA-SMI \S+\s+Driver Version: (\S+)")
+_HEADER = lazy(r"NVIDIA-SMI \S+\s+Driver Version: (\S+)")
 # Captures start and end on a non-space: a lazy `.+?` between `\s+` runs is quadratic on long lines.
-_ROW1 = re.compile(r"^\s*(\d+)\s+(\S(?:.*\S)?)\s+(On|Off)\s*$")
-_ROW1_BUS = re.compile(rf"^\s*({_BUS})\s+(\S+)\s*$")
+_ROW1 = lazy(r"^\s*(\d+)\s+(\S(?:.*\S)?)\s+(On|Off)\s*$")
+_ROW1_BUS = lazy(rf"^\s*({_BUS})\s+(\S+)\s*$")
 # (?<!..): a search starts at the first digit of a number only (linear on a long run of digits)
-_POWER = re.compile(r"(?<![\d.])(\d{1,9}(?:\.\d{1,6})?)W\s*/\s*(?:(\d{1,9}(?:\.\d{1,6})?)W|N/A)")
-_MEM = re.compile(r"(?<!\d)(\d{1,12})MiB\s*/\s*(\d{1,12})MiB")
-_UTIL = re.compile(r"^\s*(\d{1,9})%")
-_PROC = re.compile(
+_POWER = lazy(r"(?<![\d.])(\d{1,9}(?:\.\d{1,6})?)W\s*/\s*(?:(\d{1,9}(?:\.\d{1,6})?)W|N/A)")
+_MEM = lazy(r"(?<!\d)(\d{1,12})MiB\s*/\s*(\d{1,12})MiB")
+_UTIL = lazy(r"^\s*(\d{1,9})%")
+_PROC = lazy(
     r"^\s*(\d+)\s+(?:(N/A|\d+)\s+(N/A|\d+)\s+)?(\d+)\s+(C\+G|M\+C|C|G|M)(?:\s+(\S(?:.*\S)?))??\s+(\d+MiB|N/A)\s*$"
 )
 
-_FAILED = re.compile(
+_FAILED = lazy(
     r"NVIDIA-SMI has failed because (.*)|Failed to initialize NVML: (.*)|^(No devices were found)\s*$"
 )
 # (Each of _FAILED's messages holds `No ` at its start, `NVIDIA-SMI` or `NVML`: claims looks for them first.)
-_LOST = re.compile(rf"Unable to determine the device handle for (?:GPU|gpu)\s*(\d+)?:?\s*({_BUS}):\s*(.*)$")
+_LOST = lazy(rf"Unable to determine the device handle for (?:GPU|gpu)\s*(\d+)?:?\s*({_BUS}):\s*(.*)$")
 
-_UNIT = re.compile(r"(?<!\s)\s*\[[^\[\]]*\]$")  # " [MiB]" after a CSV column name
+_UNIT = lazy(r"(?<!\s)\s*\[[^\[\]]*\]$")  # " [MiB]" after a CSV column name
 _ERRORS = ("ERR!", "[Unknown Error]", "[GPU is lost]", "[GPU requires reset]", "Unknown Error")
 _KEYS = {
     "index": "index",

@@ -41,25 +41,25 @@ the same events without a bus id.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from hangdx.probes.model import Evidence, GpuState, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 from hangdx.probes.xid import normalize_bus_id
 
 KIND = "nvidia_smi_q"
 QUIET_WHEN_EMPTY = True  # a healthy GPU's report, or a piece of one, has nothing to say
 
-_BANNER = re.compile(r"^=+NVSMI LOG=+$")
-_ATTACHED = re.compile(r"^Attached GPUs\s*:\s*(\d{1,4})\s*$")
-_GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
+_BANNER = lazy(r"^=+NVSMI LOG=+$")
+_ATTACHED = lazy(r"^Attached GPUs\s*:\s*(\d{1,4})\s*$")
+_GPU = lazy(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 # `Key    : Value`; a key is words, with the dots, dashes and slashes NVIDIA puts in them (`GPU T.Limit Temp`,
 # `SEC-DED`, `Page Retirement/Row Remap`). Bounded runs: linear on any line.
-_KV = re.compile(r"^(\S[^:]{0,80}?)\s{0,80}: (.{0,400})$")
-_SECTION = re.compile(r"^[A-Za-z][A-Za-z0-9 ./()\-]{0,60}$")
-_NUMBER = re.compile(r"^(\d{1,15}(?:\.\d{1,6})?)")
+_KV = lazy(r"^(\S[^:]{0,80}?)\s{0,80}: (.{0,400})$")
+_SECTION = lazy(r"^[A-Za-z][A-Za-z0-9 ./()\-]{0,60}$")
+_NUMBER = lazy(r"^(\d{1,15}(?:\.\d{1,6})?)")
 
 _SECTIONS = {
     "ecc errors",

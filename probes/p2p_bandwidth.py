@@ -28,25 +28,26 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines
 
 KIND = "p2p_bandwidth"
 QUIET_WHEN_EMPTY = True
 
 _BANNER = "[P2P (Peer-to-Peer) GPU Bandwidth Latency Test]"
-_DEVICE = re.compile(
+_DEVICE = lazy(
     r"^Device: (\d{1,4}), (.{1,200}?), pciBusID: ([0-9a-fA-F]{1,8}), pciDeviceID: ([0-9a-fA-F]{1,8}), "
     r"pciDomainID:\s?([0-9a-fA-F]{1,8})\s*$"
 )
-_PEER = re.compile(r"^Device=(\d{1,4}) (CAN|CANNOT) Access Peer Device=(\d{1,4})\s*$")
-_BW_TITLE = re.compile(
+_PEER = lazy(r"^Device=(\d{1,4}) (CAN|CANNOT) Access Peer Device=(\d{1,4})\s*$")
+_BW_TITLE = lazy(
     r"^(Unidirectional|Bidirectional) P2P=(Enabled|Disabled) Bandwidth (?:\((P2P Writes|P2P Reads)\) )?"
     r"Matrix \(GB/s\)\s*$"
 )
-_LAT_TITLE = re.compile(r"^P2P=(Enabled|Disabled) Latency (?:\((P2P Writes|P2P Reads)\) )?Matrix \(us\)\s*$")
-_CONN_TITLE = re.compile(r"^P2P Connectivity Matrix\s*$")
-_COLUMNS = re.compile(r"^\s{0,12}(D\\{1,2}D|GPU|CPU)((?:\s+\d{1,4}){1,64})\s*$")
-_ROW = re.compile(r"^\s{0,12}(\d{1,4})((?:\s+(?:\d{1,9}(?:\.\d{1,6})?|nan|inf|-?nan)){1,64})\s*$", re.I)
+_LAT_TITLE = lazy(r"^P2P=(Enabled|Disabled) Latency (?:\((P2P Writes|P2P Reads)\) )?Matrix \(us\)\s*$")
+_CONN_TITLE = lazy(r"^P2P Connectivity Matrix\s*$")
+_COLUMNS = lazy(r"^\s{0,12}(D\\{1,2}D|GPU|CPU)((?:\s+\d{1,4}){1,64})\s*$")
+_ROW = lazy(r"^\s{0,12}(\d{1,4})((?:\s+(?:\d{1,9}(?:\.\d{1,6})?|nan|inf|-?nan)){1,64})\s*$", re.I)
 
 
 def sniff(head: bytes) -> int:

@@ -30,17 +30,18 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, IbPort, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "perfquery"
 
 # Numbers are bounded ({1,9}: a lid or port; a counter is 64 bits): int() of 5000 digits raises.
-_HEADER = re.compile(r"^# Port (?:extended )?counters: Lid (\d{1,9}) (?:port (\d{1,9})|all ports)")
-_MARKER = re.compile(r"^# hangdx sample (\S+)(.*)$")
-_KV = re.compile(r"(?<!\w)(\w+)=(\S+)")
-_PORT = re.compile(r"\d{1,9}")
-_COUNTER = re.compile(r"^([A-Za-z][A-Za-z0-9]*):\.+\s*(0x[0-9A-Fa-f]{1,16}|\d{1,20})\s*$")
-_FAILURE = re.compile(r"^(?:ibwarn|iberror|perfquery): .*")
+_HEADER = lazy(r"^# Port (?:extended )?counters: Lid (\d{1,9}) (?:port (\d{1,9})|all ports)")
+_MARKER = lazy(r"^# hangdx sample (\S+)(.*)$")
+_KV = lazy(r"(?<!\w)(\w+)=(\S+)")
+_PORT = lazy(r"\d{1,9}")
+_COUNTER = lazy(r"^([A-Za-z][A-Za-z0-9]*):\.+\s*(0x[0-9A-Fa-f]{1,16}|\d{1,20})\s*$")
+_FAILURE = lazy(r"^(?:ibwarn|iberror|perfquery): .*")
 _SELECTORS = {"PortSelect", "CounterSelect", "CounterSelect2"}
 _KNOWN = ("SymbolErrorCounter", "PortXmitData", "PortRcvData", "LinkDownedCounter", "PortXmitWait")
 

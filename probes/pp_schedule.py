@@ -12,26 +12,26 @@ order as (stage, type, microbatch, as printed), and whether the list was cut at 
 from __future__ import annotations
 
 import functools
-import re
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "pp_schedule"
 QUIET_WHEN_EMPTY = True
 
-_ACTION = re.compile(r"(\d{1,4})([A-Za-z][A-Za-z_]{0,20}?)(\d{1,6})?")
+_ACTION = lazy(r"(\d{1,4})([A-Za-z][A-Za-z_]{0,20}?)(\d{1,6})?")
 _TYPES = {
     "f": "F", "b": "B", "i": "I", "w": "W", "fullbackward": "B", "backwardinput": "I", "backwardweight": "W",
     "sendf": "SEND_F", "recvf": "RECV_F", "sendb": "SEND_B", "recvb": "RECV_B",
     "unshard": "UNSHARD", "reshard": "RESHARD", "reducegrad": "REDUCE_GRAD", "r": "RESHARD",
 }  # fmt: skip
-_LIST = re.compile(r"\[([^\[\]]{1,20000})\]")
-_RANK = re.compile(r"\b[Rr]ank\s{0,3}(\d{1,7})\s{0,3}[:=]")
+_LIST = lazy(r"\[([^\[\]]{1,20000})\]")
+_RANK = lazy(r"\b[Rr]ank\s{0,3}(\d{1,7})\s{0,3}[:=]")
 _ELLIPSIS = ("...", "…")
 
 
-_TOKEN = re.compile(r"\s*['\"]?(\d{1,4})([A-Za-z][A-Za-z_]{0,20}?)(\d{1,6})?['\"]?\s*")
+_TOKEN = lazy(r"\s*['\"]?(\d{1,4})([A-Za-z][A-Za-z_]{0,20}?)(\d{1,6})?['\"]?\s*")
 
 
 def _actions(body: str) -> tuple[list[tuple[int, str, int | None, str]], bool] | None:

@@ -18,9 +18,8 @@ Its innermost frame that is not the scheduler's own is where the task waits: its
 
 from __future__ import annotations
 
-import re
-
 from hangdx.probes.model import Evidence, ProcessState, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines
 
 KIND = "ps_table"
@@ -29,13 +28,13 @@ _PID_COLS = {"PID", "TID", "LWP", "SPID"}
 _STATE_COLS = {"STAT", "S", "STATE"}
 _WCHAN_COLS = {"WCHAN", "WCHAN:32", "WCHAN:30", "WCHAN:40", "WCHAN:50"}
 _CMD_COLS = {"COMMAND", "CMD", "ARGS", "COMM"}
-_KSTACK = re.compile(
+_KSTACK = lazy(
     r"^\[<[0-9a-fA-F]{1,16}>\] (?:\? )?([A-Za-z_][\w.]{0,200})\+0x[0-9a-fA-F]{1,16}/0x[0-9a-fA-F]{1,16}"
 )
-_PROC_PATH = re.compile(r"/proc/(\d{1,10})/(?:task/\d{1,10}/)?stack\b")
-_STATE = re.compile(r"^[RSDZTtXIWKPL][<NLsl+]{0,6}$")
+_PROC_PATH = lazy(r"/proc/(\d{1,10})/(?:task/\d{1,10}/)?stack\b")
+_STATE = lazy(r"^[RSDZTtXIWKPL][<NLsl+]{0,6}$")
 # Scheduler and wait plumbing: a frame of these says the task sleeps, not where.
-_PLUMBING = re.compile(
+_PLUMBING = lazy(
     r"^(?:__schedule|schedule\w*|io_schedule\w*|preempt_schedule\w*|__switch_to\w*|do_wait\w*|wait_woken"
     r"|wait_for_completion\w*|rwsem_down_\w+|down_read\w*|down_write\w*|__down\w*|__mutex_lock\w*"
     r"|mutex_lock\w*|__x64_sys_\w+|__se_sys_\w+|__do_sys_\w+|do_syscall_64|entry_SYSCALL_64\w*|ret_from_fork"
@@ -45,14 +44,14 @@ _PLUMBING = re.compile(
 
 # The ps command itself, echoed above output whose header a filter dropped (`ps -eo pid,state,wchan:32,cmd |
 # awk '$2 ~ /D/'`): its -o / o / --format list names the columns, in order.
-_PS_CMD = re.compile(
+_PS_CMD = lazy(
     r"(?:^|[\s$#>|;])ps\s+(?:-[a-zA-Z]{0,8}o\s?|o\s|--format[= ]|-[a-zA-Z]{1,8}\s+-o\s?)([\w:,=]{3,300})"
 )
 
 
 # `ps aux` (BSD syntax, also `ps -aux`, `ps auxww`, `ps auxf`) prints a fixed set of columns: its output under a
 # `| grep` has no header line, but the command above it says what the columns are.
-_PS_AUX = re.compile(r"(?:^|[\s$#>|;])ps\s+-?(?:aux|axu|uax)[wfe]{0,3}(?=\s|$|\|)")
+_PS_AUX = lazy(r"(?:^|[\s$#>|;])ps\s+-?(?:aux|axu|uax)[wfe]{0,3}(?=\s|$|\|)")
 _AUX_COLS = ["USER", "PID", "%CPU", "%MEM", "VSZ", "RSS", "TTY", "STAT", "START", "TIME", "COMMAND"]
 
 

@@ -21,16 +21,16 @@ where the parser stopped and tried again, and left when it still does not. Nothi
 from __future__ import annotations
 
 import ast
-import re
 import textwrap
 from collections.abc import Iterator
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 
 EVENT = "code_conditional_collective"
 
 # A line that reads as a Python statement, a decorator, a comment or a continuation of one.
-_CODE = re.compile(
+_CODE = lazy(
     r"\s{0,64}(?:"
     r"(?:async\s+)?def\s+\w+\s*\(|class\s+\w+|import\s+\w|from\s+[\w.]+\s+import\s|@[\w.]+"
     r"|(?:if|elif|while|for|with|assert|return|raise|del|global|nonlocal|yield|await)\b"
@@ -39,10 +39,10 @@ _CODE = re.compile(
     r"|[\w.]+(?:\[[^\]]{0,80}\])?\s*\(|#|[)\]}],?\s*(?:#|$)"
     r")"
 )
-_TRACEBACK_FILE = re.compile(r'\s{0,16}File "[^"]{1,512}", line \d{1,7}')
+_TRACEBACK_FILE = lazy(r'\s{0,16}File "[^"]{1,512}", line \d{1,7}')
 # Stack-dump frames that look like calls but are not code: py-spy's `all_reduce (torch/.../c10d.py:3252)`, a native
 # frame `ncclCommAbort (libnccl.so.2)`.
-_DUMP_FRAME = re.compile(r"\s{0,16}\S{1,300} \([^()\s]{1,512}(?::\d{1,7}|\.so[\w.]{0,16})\)\s*$")
+_DUMP_FRAME = lazy(r"\s{0,16}\S{1,300} \([^()\s]{1,512}(?::\d{1,7}|\.so[\w.]{0,16})\)\s*$")
 # Attribute, variable and function names that say which rank runs the line.
 _RANK_NAMES = frozenset({
     "rank", "local_rank", "global_rank", "node_rank", "world_rank", "process_index", "local_process_index",
@@ -70,9 +70,7 @@ _COLLECTIVES = frozenset({
 })  # fmt: skip
 # Collectives with a common name, counted only when called on a module or object that is a communication library.
 _QUALIFIED = frozenset({"broadcast", "reduce", "gather", "scatter", "get_state_dict"})
-_COMM_OWNERS = re.compile(
-    r"(?:^|\.)(?:dist|distributed|torch\.distributed|accelerator|hvd|comm|xm|deepspeed)$"
-)
+_COMM_OWNERS = lazy(r"(?:^|\.)(?:dist|distributed|torch\.distributed|accelerator|hvd|comm|xm|deepspeed)$")
 _EXITS = (ast.Return, ast.Break, ast.Continue, ast.Raise)
 _MIN_LINES = 3
 _MAX_LINES = 2000  # a run longer than this is a log that happens to look like code, not a paste

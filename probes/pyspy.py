@@ -24,28 +24,29 @@ import json
 import re
 
 from hangdx.probes.model import Evidence, Frame, Quote, Source, StackDump, ThreadStack
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import decode, lines
 
 KIND = "pyspy"
 
-_PROCESS = re.compile(r"^Process (\d+): (.*)$")
-_PYTHON = re.compile(r"^Python v(\S+)")
+_PROCESS = lazy(r"^Process (\d+): (.*)$")
+_PYTHON = lazy(r"^Python v(\S+)")
 # (A paste may lose the thread id: `Thread (idle): "MainThread"`.)
-_THREAD = re.compile(r"^Thread (?:(0x[0-9A-Fa-f]+|\d+) )?\(([a-z+]+)\)(?:: \"(.*)\")?\s*$")
+_THREAD = lazy(r"^Thread (?:(0x[0-9A-Fa-f]+|\d+) )?\(([a-z+]+)\)(?:: \"(.*)\")?\s*$")
 # A paste that names the thread where py-spy prints its id: `Thread MainThread (idle):`, `Thread-3 (idle):`.
-_NAMED_THREAD = re.compile(
+_NAMED_THREAD = lazy(
     r"^(?:Thread )?([A-Za-z_][\w.\-]{0,80}(?:\([\w.\-]{0,80}\))?) \((idle|active|gil|active\+gil|idle\+gil)\):\s*$"
 )
-_FRAME = re.compile(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
-_LOCAL = re.compile(r"^ {12}([^:]+): (.*)$")
+_FRAME = lazy(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
+_LOCAL = lazy(r"^ {12}([^:]+): (.*)$")
 # py-spy's Python frames pasted without their Process and Thread lines (indented, `func (file.py:line)`): a stack
 # of a process the paste does not name, read when at least BARE_MIN of them follow each other.
-_BARE_FRAME = re.compile(r"^ {1,8}([A-Za-z_<][\w<>.\-]{0,200}) \(([^()\s]{1,300}?\.pyx?):(\d{1,7})\)\s*$")
+_BARE_FRAME = lazy(r"^ {1,8}([A-Za-z_<][\w<>.\-]{0,200}) \(([^()\s]{1,300}?\.pyx?):(\d{1,7})\)\s*$")
 BARE_MIN = 2
-_MARKER = re.compile(r"^# hangdx stack-sample (.*)$")
-_KV = re.compile(r"(?<!\w)(\w+)=(\S+)")
+_MARKER = lazy(r"^# hangdx stack-sample (.*)$")
+_KV = lazy(r"(?<!\w)(\w+)=(\S+)")
 # --native frames with a source line are C/C++/CUDA code (`std::condition_variable::wait (condition_variable.cc:55)`).
-_NATIVE_FILE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hh|hpp|cu|cuh|S)$")
+_NATIVE_FILE = lazy(r"\.(?:c|cc|cpp|cxx|h|hh|hpp|cu|cuh|S)$")
 
 _STATES = {"idle": "idle", "active": "active", "active+gil": "gil", "gil": "gil", "idle+gil": "gil"}
 

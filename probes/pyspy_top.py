@@ -14,15 +14,16 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, Frame, Quote, Source, StackDump, ThreadStack
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines
 
 KIND = "pyspy_top"
 
-_ROW = re.compile(
+_ROW = lazy(
     r"^\s{0,8}(\d{1,3}(?:\.\d{1,3})?)%\s{1,12}(\d{1,3}(?:\.\d{1,3})?)%\s{1,12}(\d{1,9}(?:\.\d{1,6})?)s"
     r"\s{1,12}(\d{1,9}(?:\.\d{1,6})?)s\s{1,12}(\S.{0,300}?) \(([^()]{1,1000}?)(?::(\d{1,9}))?\)\s*$"
 )
-_HEADER = re.compile(r"^\s{0,8}%Own\s+%Total\s+OwnTime\s+TotalTime\s+Function")
+_HEADER = lazy(r"^\s{0,8}%Own\s+%Total\s+OwnTime\s+TotalTime\s+Function")
 ALWAYS = 90.0  # %Total at or above which a function was on (nearly) every sample's stack
 
 

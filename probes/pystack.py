@@ -28,43 +28,42 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, Frame, Quote, Source, StackDump, ThreadStack
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines
 
 KIND = "pystack"
 
-_THREAD = re.compile(
+_THREAD = lazy(
     r"^\s{0,4}Traceback for thread (\d{1,10})(?: \((.{0,200}?)\))? (?:\[([^\[\]]{0,200})\] )?"
     r"\(most recent call last\):\s*$"
 )
-_FRAME_HEAD = re.compile(r'^\s{1,12}\((Python|C)\) File "')
-_FRAME_TAIL = re.compile(r'", line (-?\d{1,9}), in ')
-_INTERP = re.compile(
+_FRAME_HEAD = lazy(r'^\s{1,12}\((Python|C)\) File "')
+_FRAME_TAIL = lazy(r'", line (-?\d{1,9}), in ')
+_INTERP = lazy(
     r"^\s{1,8}(?:In the main interpreter|In interpreter \d{1,6}|Not currently attached to any interpreter)"
     r" \[([^\[\]]{0,200})\]\s*$"
 )
-_EMPTY = re.compile(r"^The frame stack for thread (\d{1,10}) is empty")
-_SECTION = re.compile(r"^\s{4,8}(Arguments|Locals):\s*$")
-_LOCAL = re.compile(r"^\s{6,12}([A-Za-z_][\w.]{0,200}): (.*)$")
-_COMMAND = re.compile(r"(?:^|[\s$#>])pystack\s+(remote|core)\b(.{0,2000})$")
+_EMPTY = lazy(r"^The frame stack for thread (\d{1,10}) is empty")
+_SECTION = lazy(r"^\s{4,8}(Arguments|Locals):\s*$")
+_LOCAL = lazy(r"^\s{6,12}([A-Za-z_][\w.]{0,200}): (.*)$")
+_COMMAND = lazy(r"(?:^|[\s$#>])pystack\s+(remote|core)\b(.{0,2000})$")
 _CORE_INFO = "Core file information:"
-_CORE_PID = re.compile(r"^pid: (\d{1,10}) ppid: \d{1,10}")
-_CORE_EXE = re.compile(r"^executable: (\S{1,1000}) arguments: (.{0,4000})$")
-_DIED = re.compile(r"^The process died due (?:to )?(.{1,500})$")
-_ERROR = re.compile(
-    r"^(?:\U0001f480 )?((?:Engine error|Invalid|Could not|No Python|Failed)[^\U0001f480]{0,500})"
-)
+_CORE_PID = lazy(r"^pid: (\d{1,10}) ppid: \d{1,10}")
+_CORE_EXE = lazy(r"^executable: (\S{1,1000}) arguments: (.{0,4000})$")
+_DIED = lazy(r"^The process died due (?:to )?(.{1,500})$")
+_ERROR = lazy(r"^(?:\U0001f480 )?((?:Engine error|Invalid|Could not|No Python|Failed)[^\U0001f480]{0,500})")
 # What a main thread's outermost frames are: a module run as a script or with -m, or the C start-up code.
 _MAIN_PY = ("<module>", "_run_module_as_main")
 _MAIN_C = ("Py_BytesMain", "Py_RunMain", "__libc_start_main", "pymain_main")
 
 # The source line of the innermost Python frame takes a lock (`with self._lock:`, `lock.acquire()`): the thread
 # is in the lock's C acquire (CPython's PyThread_acquire_lock), which pystack shows only with --native.
-_TAKES_LOCK = re.compile(
+_TAKES_LOCK = lazy(
     r"^\s{0,12}(?:with\s+[\w.]{0,200}(?:lock|mutex|cond|condition|sem|semaphore)\w{0,40}(?:\(\))?\s*(?:as\s+\w+\s*)?:"
     r"|[\w.]{0,200}\.acquire\((?:\s*\)|\s*(?:True|block|blocking)))",
     re.I,
 )
-_SOURCE = re.compile(r"^\s{6,12}\S")
+_SOURCE = lazy(r"^\s{6,12}\S")
 
 _STATES = {
     "Has the GIL": "gil",

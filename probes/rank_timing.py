@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import looks_binary, parse_by_lines
 
 KIND = "rank_timing"
@@ -25,16 +26,16 @@ QUIET_WHEN_EMPTY = True
 
 # `\b[Rr]ank...`, written so that `re` looks for the letter R first (a pattern that begins with \b is tried at
 # every position of the line).
-_RANK = re.compile(r"[Rr](?<!\w[Rr])ank\s{0,3}[#:=]?\s{0,3}(\d{1,7})\b")
+_RANK = lazy(r"[Rr](?<!\w[Rr])ank\s{0,3}[#:=]?\s{0,3}(\d{1,7})\b")
 _METRIC_NAMES = (
     r"time[ _]cost|elapsed(?:[ _]time)?|took|duration|latency|(?:step|iter(?:ation)?|data|comm(?:unication)?"
     r"|forward|backward|fwd|bwd|compute|wait(?:ing)?|allreduce|all_reduce|sync)[ _]time|time"
 )
-_METRIC = re.compile(
+_METRIC = lazy(
     rf"\b({_METRIC_NAMES})\b\s{{0,3}}(?:[:=]|is|of)?\s{{0,3}}(\d{{1,12}}(?:\.\d{{1,20}})?)(?![\d:])\s?(ms|us|s|sec|seconds)?\b",
     re.I,
 )
-_COLLECTIVE_WORDS = re.compile(
+_COLLECTIVE_WORDS = lazy(
     r"all_?reduce|all_?gather|reduce_?scatter|broadcast|all_?to_?all|barrier|collective|nccl|bandwidth|\bbw\b"
     r"|\bcomm",
     re.I,
@@ -42,7 +43,7 @@ _COLLECTIVE_WORDS = re.compile(
 # pytorch/examples' AverageMeter, which most training scripts copy: `Time 0.783 (2.771)  Data 0.006 (1.204)`, the
 # last value and, in parentheses, the running average. A line with a rank and two such timings (the rank may sit
 # in a bracketed label, `[GPU rank 1] Epoch: [1][30786/34406]`) compares by the averages.
-_METER = re.compile(
+_METER = lazy(
     r"\b(Time|Data|[Bb]atch[ _]time|[Dd]ata[ _]time)\s{1,8}(\d{1,12}(?:\.\d{1,12})?)\s{1,8}\((\d{1,12}(?:\.\d{1,12})?)\)"
 )
 
@@ -59,7 +60,7 @@ def _meters(text: str) -> dict[str, float]:
 
 
 # A table header: a rank column and at least one timing column (`rank data_time step_time`).
-_HEADER_WORD = re.compile(r"^(?:global_)?rank$|^(?:\w+[_ ])?time(?:\(\w+\))?$|^\w+_time(?:\(\w+\))?$", re.I)
+_HEADER_WORD = lazy(r"^(?:global_)?rank$|^(?:\w+[_ ])?time(?:\(\w+\))?$|^\w+_time(?:\(\w+\))?$", re.I)
 
 
 def _header(text: str) -> list[str] | None:

@@ -17,7 +17,6 @@ import io
 import mmap
 import os
 import queue
-import re
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from hangdx.probes import catalogue as catalogue_mod
 from hangdx.probes import pycode, registry, signals
 from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
+from hangdx.probes.rx import lazy
 
 CHUNK_BYTES = 8 << 20
 NUMPY_AFTER = 64 << 20  # a text counts its pieces with numpy once it is known to be at least this big
@@ -40,7 +40,7 @@ COLL_PER_PROCESS = 6  # collective lines kept per process and communicator
 MAX_LINE_BYTES = 64 * 1024  # a longer line is cut (a binary blob, a minified JSON)
 
 # Lines that can name a fault anywhere in a log (matched on bytes, case-insensitive words).
-_FAULT = re.compile(
+_FAULT = lazy(
     rb"(?i:error|warn|exception|traceback|timeout|timed out|watchdog|xid|fail|fatal|abort|killed|signal"
     rb"|segmentation|core dumped|out of memory|oom|hung|blocked for|not responding|mismatch|desync|lagging"
     rb"|exitcode|exit code|init complete|nccl version|using network|ncclcomminit|rendezvous|refused"
@@ -49,11 +49,11 @@ _FAULT = re.compile(
 _FAULT_WORDS = _FAULT.pattern[len(b"(?i:") : -1]  # the same words for Hyperscan (caseless there)
 _COLL = b" opCount "
 # NCCL's `host:pid:tid [dev]`: found from its `:pid:tid [` (tried only at colons), then the host before it.
-_NCCL_PID = re.compile(rb"(?<=[\w.\-]):(\d{1,10}):\d{1,10} \[-?\d{1,6}\]")
-_NCCL_HOST = re.compile(rb"[A-Za-z0-9][\w.\-]{0,253}$")
+_NCCL_PID = lazy(rb"(?<=[\w.\-]):(\d{1,10}):\d{1,10} \[-?\d{1,6}\]")
+_NCCL_HOST = lazy(rb"[A-Za-z0-9][\w.\-]{0,253}$")
 # A log pasted without `host:pid:tid`, only NCCL's `[dev] `: the device is all that tells its processes apart.
-_NCCL_DEV = re.compile(rb"^\[-?\d{1,6}\] (?=(?:\S+:\d+ )?NCCL )")
-_COMM = re.compile(rb" comm (0x[0-9a-fA-F]{1,16}|\(nil\))")
+_NCCL_DEV = lazy(rb"^\[-?\d{1,6}\] (?=(?:\S+:\d+ )?NCCL )")
+_COMM = lazy(rb" comm (0x[0-9a-fA-F]{1,16}|\(nil\))")
 
 
 @dataclass
@@ -938,7 +938,7 @@ def _json_like(head: bytes) -> bool:
     return s[:1] == b"[" and s[1:].lstrip()[:1] in (b"{", b"[", b"]")
 
 
-_ORTE_NAME = re.compile(rb"\[\[\d{1,10},\d{1,10}\],\d{1,10}\]")
+_ORTE_NAME = lazy(rb"\[\[\d{1,10},\d{1,10}\],\d{1,10}\]")
 
 
 def read_any(stream: BinaryIO, src: Source, ev: Evidence, limit: int | None = None) -> ReadReport | None:

@@ -43,17 +43,18 @@ import subprocess
 import yaml
 
 from hangdx.probes.hosts import HostError, HostSpec, parse_host, parse_host_list
+from hangdx.probes.rx import lazy
 
 MAX_HOSTS = 65536  # one job's hosts; a range like n[0-99999999] is a typo, not a cluster
 MAX_INVENTORY_BYTES = 8 << 20
 
 # 123, 123_4 (array task), 123+1 (het job component): nothing else reaches scontrol.
-_JOB_ID = re.compile(r"\d{1,20}(?:_\d{1,10}|\+\d{1,5})?")
-_RANGE_GROUP = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
+_JOB_ID = lazy(r"\d{1,20}(?:_\d{1,10}|\+\d{1,5})?")
+_RANGE_GROUP = lazy(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
 # Never a leading dash: a node list or name reaches scontrol and ssh as an argument, where it would be an option.
-_NODELIST = re.compile(r"[A-Za-z0-9._\[\]][A-Za-z0-9._,\[\]-]{0,65535}")
-_NAME = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,252}")
-_USER = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_NODELIST = lazy(r"[A-Za-z0-9._\[\]][A-Za-z0-9._,\[\]-]{0,65535}")
+_NAME = lazy(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,252}")
+_USER = lazy(r"[A-Za-z0-9._-]{1,64}")
 # States whose processes may still be on the nodes: a job stuck COMPLETING often has ranks that won't die.
 LIVE_STATES = {"RUNNING", "COMPLETING"}
 

@@ -24,12 +24,13 @@ import paramiko
 
 from hangdx.probes import collector, host_certificate
 from hangdx.probes.hosts import HostSpec, SshSettings
+from hangdx.probes.rx import lazy
 
 STDERR_CAP = 64 * 1024
 CHUNK = 64 * 1024
 GRACE = 2.0  # after the deadline: how long aborted probes get to wind down
 MAX_HOPS = 8
-_MAIN_GUARD = re.compile(r"\n+if __name__ == [\"']__main__[\"']:\n(?:[ \t]+[^\n]*\n)*(?:[ \t]+[^\n]*)?\Z")
+_MAIN_GUARD = lazy(r"\n+if __name__ == [\"']__main__[\"']:\n(?:[ \t]+[^\n]*\n)*(?:[ \t]+[^\n]*)?\Z")
 
 # paramiko logs a traceback for every failed handshake; without a handler Python's last-resort
 # handler would print them on the user's terminal, next to the one-line problem we report instead.

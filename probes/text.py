@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import re
 
+from hangdx.probes.rx import lazy
+
 # A rank's log may be gigabytes; only the tail matters to a hang.
 MAX_TEXT_BYTES = 32 * 1024 * 1024
 
 # `[rank3]:` (c10d) or `[default3]:` (torchrun --tee: role and local rank); {1,9}: int() of 5000 digits raises
-_RANK_PREFIX = re.compile(r"^\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
+_RANK_PREFIX = lazy(r"^\[(?:(?:default)?rank|default)(\d{1,9})\]:\s?")
 
 
 # C0 controls but newline and tab, DEL, C1 (0x9b is a CSI of its own), the marks that reorder a line, and lone
 # surrogates (a file name's undecodable bytes, which a terminal would get back raw).
-_CONTROL = re.compile(
+_CONTROL = lazy(
     r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
-_CONTROL_OR_LINE = re.compile(_CONTROL.pattern[:-1] + "\n\t]")
+_CONTROL_OR_LINE = lazy(_CONTROL.pattern[:-1] + "\n\t]")
 
 
 def _escape(m: re.Match) -> str:
@@ -31,7 +33,7 @@ def printable(text: object, multiline: bool = True) -> str:
     return (_CONTROL if multiline else _CONTROL_OR_LINE).sub(_escape, str(text))
 
 
-_NUL_RUN = re.compile(rb"\x00+")
+_NUL_RUN = lazy(rb"\x00+")
 MAX_NUL_RUNS = (
     8  # a crash-cut log has a zero-filled block or a stray NUL or two; a binary file has them everywhere
 )

@@ -18,6 +18,7 @@ from typing import Any
 
 from hangdx.probes import counters, nccl_log
 from hangdx.probes.model import CollectiveRecord, Evidence, LogEvent, Quote, Source
+from hangdx.probes.rx import lazy
 from hangdx.probes.text import lines as text_lines
 from hangdx.probes.text import looks_binary, strip_rank_prefix
 
@@ -27,82 +28,76 @@ QUIET_WHEN_EMPTY = True
 
 # c10 / glog headers: "[E1122 01:48:50.682679688 ProcessGroupGloo.cpp:2901] ", "[E ProcessGroupNCCL.cpp:458] ",
 # and torchrun's "E1122 01:48:41.280000 8238 site-packages/torch/.../api.py:1002] ".
-_LOG_HEADER = re.compile(
+_LOG_HEADER = lazy(
     r"^\[?[EWIF](?:\d{4} \d\d:\d\d:\d\d\.\d+(?: \d+)?)? ?[^\s\]]+:\d+\] ?",
 )
 # "[Rank 3]", "[PG 1 Rank 0]", "[PG 0 (default_pg) Rank 12]", "[PG ID 0 PG GUID 0(default_pg) Rank 1]".
-_PG_RANK = re.compile(
+_PG_RANK = lazy(
     r"\[(?:PG (?:ID )?(?P<pgid>\d+)(?: PG GUID (?P<guid>[^\s(\]]+))? ?(?:\((?P<pgname>[^()\[\]]*)\))? )?Rank (?P<rank>\d+)\]"
 )
 # "Watchdog caught collective operation timeout: WorkNCCL(<args>) ran for <ms> milliseconds": the head is
 # found first, then the first end after it (one lazy regex over both is quadratic on a long line).
 _WATCHDOG_HEAD = "Watchdog caught collective operation timeout: WorkNCCL("
-_WATCHDOG_END = re.compile(r"\) ran for (\d+) milliseconds")
-_WORK_ARG = re.compile(r"(?<!\w)(\w+(?:\(ms\))?)=([^,)]+)")
+_WATCHDOG_END = lazy(r"\) ran for (\d+) milliseconds")
+_WORK_ARG = lazy(r"(?<!\w)(\w+(?:\(ms\))?)=([^,)]+)")
 # `last enqueued NCCL work: N` (watchdog, periodic update) and `Last enqueued NCCL work: N` (the dump-signal line every
 # rank prints when one rank's watchdog fires: getNCCLWatchdogTimeoutErrorMsg).
-_LAST_ENQ = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
-_LAST_DONE = re.compile(r"last completed (?:NCCL )?work: (\d+)")
-_LAST_START = re.compile(r"last started (?:NCCL )?work: (\d+)")
-_AT_WORK = re.compile(r"(?:at (?:NCCL )?work|work sequence id): (\d+)")
-_DESYNC_HEAD = re.compile(r"\[(\d+)\] Timeout at collective: (\S+?), #(\d+)")
-_DESYNC_NOT_FINISHED = re.compile(r"\[([\d, ]+)\] joined but didn't finish collective #(\d+)")
-_DESYNC_NOT_JOINED = re.compile(
-    r"\[([\d, ]+)\] finished collective #(\d+), but didn't join collective #(\d+)"
-)
-_DESYNC_NEVER = re.compile(r"ranks \[([\d, ]+)\] are the lagging ranks")
-_DESYNC_SNAP_SEQ = re.compile(r"^#(\d+) (started|finished) ranks:")
-_DESYNC_SNAP = re.compile(r"^\[([\d, ]+)\] (started|finished) (\S+)")
+_LAST_ENQ = lazy(r"[Ll]ast enqueued (?:NCCL )?work: (\d+)")
+_LAST_DONE = lazy(r"last completed (?:NCCL )?work: (\d+)")
+_LAST_START = lazy(r"last started (?:NCCL )?work: (\d+)")
+_AT_WORK = lazy(r"(?:at (?:NCCL )?work|work sequence id): (\d+)")
+_DESYNC_HEAD = lazy(r"\[(\d+)\] Timeout at collective: (\S+?), #(\d+)")
+_DESYNC_NOT_FINISHED = lazy(r"\[([\d, ]+)\] joined but didn't finish collective #(\d+)")
+_DESYNC_NOT_JOINED = lazy(r"\[([\d, ]+)\] finished collective #(\d+), but didn't join collective #(\d+)")
+_DESYNC_NEVER = lazy(r"ranks \[([\d, ]+)\] are the lagging ranks")
+_DESYNC_SNAP_SEQ = lazy(r"^#(\d+) (started|finished) ranks:")
+_DESYNC_SNAP = lazy(r"^\[([\d, ]+)\] (started|finished) (\S+)")
 _MISMATCH = "Detected mismatch between collectives on ranks"
-_FINGERPRINT = re.compile(r"Rank (\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\(")
-_FP_ARG = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes|TensorDeviceTypes)=")
-_MONITORED = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")
-_REPORTER = re.compile(r"\[Rank (\d+)\]")
-_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation to complete")
-_GLOO_SIZE = re.compile(r"(?:(?<!\d)(\d+) vs (\d+)\. )?Received data size doesn't match expected size")
-_CONN_CLOSED = re.compile(r"Connection closed by peer \[([^\[\]]+)\]:(\d+)")
-_CONN_ERROR = re.compile(r"(Read|Write) error \[([^\]]+)\]:(\d+): (Connection reset by peer|Broken pipe)")
-_CONN_GENERIC = re.compile(r"Connection reset by peer|Broken pipe")
+_FINGERPRINT = lazy(r"Rank (\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\(")
+_FP_ARG = lazy(r"(SequenceNumber|OpType|TensorShape|TensorDtypes|TensorDeviceTypes)=")
+_MONITORED = lazy(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier in (\d+) ms")
+_REPORTER = lazy(r"\[Rank (\d+)\]")
+_GLOO_TIMEOUT = lazy(r"Timed out waiting (\d+)ms for (\w+) operation to complete")
+_GLOO_SIZE = lazy(r"(?:(?<!\d)(\d+) vs (\d+)\. )?Received data size doesn't match expected size")
+_CONN_CLOSED = lazy(r"Connection closed by peer \[([^\[\]]+)\]:(\d+)")
+_CONN_ERROR = lazy(r"(Read|Write) error \[([^\]]+)\]:(\d+): (Connection reset by peer|Broken pipe)")
+_CONN_GENERIC = lazy(r"Connection reset by peer|Broken pipe")
 _DDP_EXPECTED = "Expected to have finished reduction in the prior iteration"
-_DDP_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ?(.*)$")
-_DDP_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ?(.*)$")
-_TR_ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
-_TR_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
-_PROC_FAILED = re.compile(
-    r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)(?: of binary: (.*))?"
-)
-_PROC_SIGNAL = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
-_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ ?[KMGTP]?i?B)")
-_OOM_GPU = re.compile(r"GPU (\d+)")
-_OOM_TOTAL = re.compile(
-    r"total capacity of ([\d.]+ ?[KMGTP]?i?B) of which ([\d.]+ ?[KMGTP]?i?B|0 bytes) is free"
-)
-_OOM_TOTAL_OLD = re.compile(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) total capacity;")
-_OOM_FREE_OLD = re.compile(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) free")
-_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
-_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*\S)\s*$')
+_DDP_INDICES = lazy(r"Parameter indices which did not receive grad for rank (\d+): ?(.*)$")
+_DDP_NAMES = lazy(r"Parameters which did not receive grad for rank (\d+): ?(.*)$")
+_TR_ENTRY = lazy(r"^\[(\d+)\]:\s*$")
+_TR_FIELD = lazy(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_PROC_FAILED = lazy(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)(?: of binary: (.*))?")
+_PROC_SIGNAL = lazy(r"Sending process (\d+) closing signal (SIG\w+)")
+_OOM = lazy(r"CUDA out of memory\. Tried to allocate ([\d.]+ ?[KMGTP]?i?B)")
+_OOM_GPU = lazy(r"GPU (\d+)")
+_OOM_TOTAL = lazy(r"total capacity of ([\d.]+ ?[KMGTP]?i?B) of which ([\d.]+ ?[KMGTP]?i?B|0 bytes) is free")
+_OOM_TOTAL_OLD = lazy(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) total capacity;")
+_OOM_FREE_OLD = lazy(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) free")
+_EXC_LINE = lazy(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_FRAME = lazy(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*\S)\s*$')
 # IPython / Jupyter's traceback: a header `KeyboardInterrupt    Traceback (most recent call last)`, then per frame
 # `/path/file.py in func(args)` (or `<ipython-input-5-...> in <module>`) and its source with the current line
 # marked `--> 435`; the exception line `KeyboardInterrupt: ` ends it.
-_IPY_HEAD = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})\s{2,}Traceback \(most recent call last\)\s*$")
-_IPY_FRAME = re.compile(
+_IPY_HEAD = lazy(r"^(?P<type>[A-Za-z_][\w.]{0,200})\s{2,}Traceback \(most recent call last\)\s*$")
+_IPY_FRAME = lazy(
     r"^(?:File )?(?P<file>\S{1,1000}?\.py|<ipython-input-[^>]{1,200}>|Cell In\[\d{1,9}\])(?:[:,] line \d{1,9})?,? in (?P<func>[\w<>.]{1,200})(?:\(.{0,2000}\))?\s*$"
 )
-_IPY_ARROW = re.compile(r"^-{1,8}> ?(?P<line>\d{1,9})\b")
-_SIGNAL_NAME = re.compile(r"\((SIG[A-Z0-9]+)\)")
+_IPY_ARROW = lazy(r"^-{1,8}> ?(?P<line>\d{1,9})\b")
+_SIGNAL_NAME = lazy(r"\((SIG[A-Z0-9]+)\)")
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1000, "MB": 10**6}
 _UNITS.update({"GB": 10**9, "TB": 10**12})
 # c10's log header naming a process-group source file: "[E1122 ... ProcessGroupGloo.cpp:2901]" (a py-spy
 # native frame prints "(ProcessGroupNCCL.cpp:1234)", which must not count).
-_PG_HEADER = re.compile(r"ProcessGroup\w{1,40}\.cpp:\d+\]")  # bounded: linear on a long word
+_PG_HEADER = lazy(r"ProcessGroup\w{1,40}\.cpp:\d+\]")  # bounded: linear on a long word
 
 # c10's `[E1122 01:48:50.682679688 File.cpp:123] ` and torchrun's `E1122 01:48:41.280000 8238 x/api.py:1002] `.
 # c10's logger: `[I1122 01:40:12.000000 123 socket.cpp:752] ` with glog, `[I socket.cpp:580] ` (no time) without it.
-_C10_HEADER = re.compile(
+_C10_HEADER = lazy(
     r"\[?[EWIF](?:\d{4} \d\d:\d\d:\d\d\.\d+(?: \d+)? ?[^\s\]]+| [\w.\-/]{1,120}\.(?:cpp|cc|c|h|hpp|cu)):\d+\] "
 )
 # The last line of a Python traceback: `torch.OutOfMemoryError: ...`, `RuntimeError: NCCL error ...`.
-_EXC_HINT = re.compile(r"(?:Error|Exception|Interrupt|Exit)$")
+_EXC_HINT = lazy(r"(?:Error|Exception|Interrupt|Exit)$")
 
 # Lines only PyTorch or torchrun print; each counts ten towards the sniff weight.
 _TELLTALES = (
@@ -306,13 +301,13 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
 
 
 # A tqdm / Lightning bar: `Evaluating:  45%|████▌     | 45/100 [00:10<00:12,  4.50it/s]`.
-_BAR = re.compile(
+_BAR = lazy(
     r"(?:^|\s|\r)(?P<desc>[^|\r]{0,80}?)[: ]*(?P<pct>\d{1,3})%\|[^|]{0,200}\| ?(?P<n>\d{1,12})/(?P<total>\d{1,12}|\?) "
     r"\[(?P<elapsed>[\d:]{1,12})(?:<(?P<left>[\d:?]{1,12}))?, {0,3}(?P<rate>[\d.]{1,12}|\?) ?(?P<unit>it/s|s/it"
     r"|[A-Za-z]{1,16}/s|s/[A-Za-z]{1,16})"
 )
 # tqdm's rate in any unit it was given: `2.51 examples/s` (datasets.map), `5.23ba/s`, `1.2s/it`.
-_BAR_RATE = re.compile(r"[\d?] ?(?:[A-Za-z]{1,16}/s|s/[A-Za-z]{1,16})[\],]")
+_BAR_RATE = lazy(r"[\d?] ?(?:[A-Za-z]{1,16}/s|s/[A-Za-z]{1,16})[\],]")
 
 
 def _progress(ln: _Line, st: _State) -> None:
@@ -434,13 +429,11 @@ def _one(ln: _Line, st: _State) -> None:
 
 
 # torch/utils/data: the main process's `_error_if_any_worker_fails()` and the worker's own signal handler.
-_WORKER_KILLED = re.compile(
-    r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][\w -]{0,40})"
-)
-_WORKER_EXITED = re.compile(
+_WORKER_KILLED = lazy(r"DataLoader worker \(pid (\d{1,10})\) is killed by signal: ([A-Za-z][\w -]{0,40})")
+_WORKER_EXITED = lazy(
     r"DataLoader worker \(pid(?:\(s\))? ([\d, ]{1,200})\) exited unexpectedly(?: with exit code (-?\d{1,4}))?"
 )
-_WORKER_FAULT = re.compile(
+_WORKER_FAULT = lazy(
     r"Unexpected (bus error|segmentation fault|floating-point exception) encountered in worker"
 )
 
@@ -780,8 +773,8 @@ def _torchrun_summary(ln: _Line, st: _State) -> None:
 # The same table as it arrives after a rendered copy: the indentation gone, a label alone on its line with its
 # value on a later line (`time` / `host` / `2023-09-14 01:45:50` / `node-1`), or fields run together on one line
 # (`rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>`).
-_TR_LABEL = re.compile(r"(time|host|rank|exitcode|error[_ ]file|traceback)\s*:?\s*$")
-_TR_GLUED = re.compile(
+_TR_LABEL = lazy(r"(time|host|rank|exitcode|error[_ ]file|traceback)\s*:?\s*$")
+_TR_GLUED = lazy(
     r"(rank|exitcode|error[_ ]file|traceback)\s*:?\s*(.*?)(?=(?:exitcode|error[_ ]file|traceback)\s*:|$)"
 )
 
@@ -857,17 +850,15 @@ def _process_exit(ln: _Line, st: _State) -> None:
 
 
 # c10d store, rendezvous and socket failures: the job never got through set-up.
-_RDZV_WORDS = re.compile(
+_RDZV_WORDS = lazy(
     r"Rendezvous\w*Error|DistStoreError|client socket has timed out|waiting for (?:clients|workers)"
     r"|Socket Timeout|(?:connect|connection) to \S+ (?:failed|refused)|Connection refused"
     r"|DistNetworkError|client socket has failed to connect"
 )
 # TCPStore's client: `failed to connect to any network address of (192.168.1.2, 29500)`.
-_STORE_ADDR = re.compile(r"network address of \(\[?([\w.\-:]{1,253}?)\]?, ?(\d{1,5})\)")
-_STORE_TARGET = re.compile(
-    r"(?:connect to|connection to) \(?\[?([\w.\-:]{1,253}?)\]?,? ?:?(\d{1,5})?\)?[ .,]"
-)
-_JOINED = re.compile(r"(\d{1,7})/(\d{1,7}) (?:clients|workers) joined")
+_STORE_ADDR = lazy(r"network address of \(\[?([\w.\-:]{1,253}?)\]?, ?(\d{1,5})\)")
+_STORE_TARGET = lazy(r"(?:connect to|connection to) \(?\[?([\w.\-:]{1,253}?)\]?,? ?:?(\d{1,5})?\)?[ .,]")
+_JOINED = lazy(r"(\d{1,7})/(\d{1,7}) (?:clients|workers) joined")
 
 
 def _rendezvous(ln: _Line, st: _State) -> None:
@@ -891,7 +882,7 @@ def _rendezvous(ln: _Line, st: _State) -> None:
     _add(st, kind, ln, **fields)
 
 
-_CUDA_ERROR = re.compile(r"CUDA (?:driver )?error: ([^.\n]{1,200})")
+_CUDA_ERROR = lazy(r"CUDA (?:driver )?error: ([^.\n]{1,200})")
 
 
 def _cuda_error(ln: _Line, st: _State) -> None:

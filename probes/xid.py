@@ -9,7 +9,7 @@ warning (usually the application's own fault; the GPU is fine), info.
 
 from __future__ import annotations
 
-import re
+from hangdx.probes.rx import lazy
 
 # code -> (meaning, action, severity)
 XID_TABLE: dict[int, tuple[str, str, str]] = {
@@ -177,7 +177,7 @@ def likely_cause(code: int) -> str:
     return "unknown"
 
 
-_BUS = re.compile(r"(?:PCI:)?(?:([0-9A-Fa-f]{4,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.([0-7]))?")
+_BUS = lazy(r"(?:PCI:)?(?:([0-9A-Fa-f]{4,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.([0-7]))?")
 
 
 def normalize_bus_id(text: str | None) -> str | None:
