@@ -727,7 +727,11 @@ def _checked_rows(files: list[tuple[str, str]]) -> list[Row]:
         code = Path(__file__).read_bytes()
     except OSError:
         code = b""
-    key = hashlib.sha256(repr((code, files)).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    h = hashlib.sha256(code)
+    for name, text in files:  # each part's length first: no two lists of files hash alike
+        for part in (name.encode("utf-8", "surrogatepass"), text.encode("utf-8", "surrogatepass")):
+            h.update(len(part).to_bytes(8, "little") + part)
+    key = h.hexdigest()[:32]
     cached = _cache_read(key, ".rows.json")
     if cached is not None:
         try:
