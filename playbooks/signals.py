@@ -172,6 +172,32 @@ def after_a_crash(e: LogEvent, crashes: list[LogEvent], clock: Clock) -> bool:
     return bool(e.fields.get("peer")) and any(clock.before(c, e) is True for c in crashes if c is not e)
 
 
+_COMM_CATEGORIES = ("comm_init_failure", "network_fault")
+
+
+def after_own_comm_error(e: LogEvent, marked: list[LogEvent], clock: Clock) -> bool:
+    """A process's crash (a segfault) printed after that same process (host and pid) reported its own failure to
+    set up or use its connections (NCCL's proxy Connect, a transport or IB error): the crash happened on the
+    error's path (a half-built communicator torn down), so the first failure is the cause, as an engineer orders a
+    process's story."""
+    if (
+        e.fields.get("signal_category") != "rank_crashed"
+        or e.kind != "segfault"
+        or e.pid is None
+        or not e.host
+    ):
+        return False
+    return any(
+        o.fields.get("signal_category") in _COMM_CATEGORIES
+        and not _waiting(o)
+        and o.pid == e.pid
+        and o.host == e.host
+        and clock.before(o, e) is True
+        for o in marked
+        if o is not e
+    )
+
+
 def lost_peer(e: LogEvent) -> bool:
     """A line saying an established connection to a peer went away (the survivor's side of a peer's end)."""
     text = " ".join(str(e.fields.get(k) or "") for k in ("error", "reason", "message"))
@@ -544,6 +570,8 @@ def signals(facts: Facts) -> Iterator[Match]:
             why = "after_crash"
         if why is None and aborted(e) and e.fields.get("signal_category") == "rank_crashed":
             why = "abort"  # a SIGABRT exit says how the rank ended, not what made it end
+        if why is None and after_own_comm_error(e, marked, clock):
+            why = "after_own_error"
         if why:
             casualties.append((e, why))
         else:
