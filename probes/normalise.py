@@ -41,6 +41,14 @@ _SRUN = lazy(r"\s{0,6}(\d{1,6}):(?: |$)")  # an empty labelled line may have los
 _RANK_WORD = lazy(r"[Rr]ank[ _]?(\d{1,9}) ?[:|] ")
 # `[rank8] ...`: torchrun's tag as people retype it, without its colon.
 _RANK_TAG = lazy(r"\[(?:default)?rank(\d{1,9})\] (?=\S)")
+# A line that only names a rank, as people head what they paste of each rank (`Rank 1:`, `rank 0 (waiting):`,
+# `**Rank 0 worker (one of 8):**` once the bold is undone, `### Rank 3`): the lines under it are that rank's, up
+# to the next such heading or a line whose own prefix names a rank.
+_CHILD_WORD = lazy(r"\b(?:[Ww]orkers?|[Cc]hild(?:ren)?|[Ss]ubprocess(?:es)?)\b")
+_RANK_HEADING = lazy(
+    r"(?:#{1,6} {1,3}(?=[Rr]))?[Rr]ank[ _#]?(\d{1,6})(?:[ \-][A-Za-z][\w \-]{0,30}?)?(?: ?\([^()]{0,40}\))?"
+    r"(?:(?<=\d)|(?<=[\w)]) ?:| ?:)\s*"
+)
 _POD = lazy(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
 # Ray's actor prefix `(RayTrainWorker pid=615, ip=10.0.0.3) `, and vLLM's worker processes, which print the same
 # shape (vllm's _add_prefix): `(VllmWorker rank=1 pid=8700) `, in newer releases `(Worker_TP1 pid=1163) `,
@@ -174,6 +182,9 @@ class Normaliser:
     def __init__(self) -> None:
         self._gutter: int | None = None  # the last line number of a `[1743] ` gutter, when the text has one
         self._prompt_host: str | None = None  # the host of the last shell prompt, until the next or a fence
+        self._heading_rank: int | None = (
+            None  # the rank a heading line named, for the unprefixed lines under it
+        )
 
     def line(self, no: int, raw: str) -> list[Line]:
         """The clean line(s) of one raw line: none for fences and elisions, two where a bar hid a message."""
@@ -253,6 +264,12 @@ class Normaliser:
             text = text.rstrip()[:-2]
         if host is None and self._prompt_host:
             host = self._prompt_host
+        if rank is not None:
+            self._heading_rank = None  # the text's own prefixes name ranks from here on
+        elif len(text) <= 90 and "ank" in text[:12] and (h := _RANK_HEADING.fullmatch(text.strip())):
+            # `Rank 0 worker:` heads a stack of one of that rank's worker processes, not of the rank's own.
+            self._heading_rank = None if _CHILD_WORD.search(text) else int(h.group(1))
+        rank = rank if rank is not None else self._heading_rank
         if _FENCE.match(text):
             self._prompt_host = None  # a fence closes the output the prompt named
             return []

@@ -39,9 +39,10 @@ _NAMED_THREAD = lazy(
 )
 _FRAME = lazy(r"^ {4}(\S.*?) \((.+?)(?::(\d+))?\)\s*$")
 _LOCAL = lazy(r"^ {12}([^:]+): (.*)$")
-# py-spy's Python frames pasted without their Process and Thread lines (indented, `func (file.py:line)`): a stack
-# of a process the paste does not name, read when at least BARE_MIN of them follow each other.
-_BARE_FRAME = lazy(r"^ {1,8}([A-Za-z_<][\w<>.\-]{0,200}) \(([^()\s]{1,300}?\.pyx?):(\d{1,7})\)\s*$")
+# py-spy's Python frames pasted without their Process and Thread lines (`func (file.py:line)`, indented as py-spy
+# prints them or flush left as a summary retypes them): a stack of a process the paste does not name, read when at
+# least BARE_MIN of them follow each other.
+_BARE_FRAME = lazy(r"^ {0,8}([A-Za-z_<][\w<>.\-]{0,200}) \(([^()\s]{1,300}?\.pyx?):(\d{1,7})\)\s*$")
 BARE_MIN = 2
 _MARKER = lazy(r"^# hangdx stack-sample (.*)$")
 _KV = lazy(r"(?<!\w)(\w+)=(\S+)")
@@ -116,7 +117,7 @@ def claims(line: str) -> int:
         return 10
     if line.startswith("Python v") and _PYTHON.match(line):
         return 6
-    if line.startswith(" ") and line.endswith(")") and _BARE_FRAME.match(line):
+    if line.endswith(")") and _BARE_FRAME.match(line):
         return 5  # a frame line: with its neighbours a stack even without the lines above it
     return 0
 

@@ -469,3 +469,42 @@ def test_nccls_device_prefix_is_not_a_log_viewers_line_number():
         "a line",
         "the next",
     ]
+
+
+# -- a heading that names a rank ---------------------------------------------------------------------------
+
+
+def test_a_heading_names_the_rank_of_the_unprefixed_lines_under_it():
+    n = Normaliser()
+    out = [n.line(i, s) for i, s in enumerate(["**Rank 1 (waiting):**", "```", "barrier (x.py:3)", "```"], 1)]
+    assert [ln.rank for lines in out for ln in lines] == [1, 1]
+    assert n.line(5, "Rank 0:")[0].rank == 0
+    assert n.line(6, "  wait (threading.py:306)")[0].rank == 0
+    # A line with its own prefix keeps it, and the heading ends there.
+    assert n.line(7, "[rank3]: RuntimeError: x")[0].rank == 3
+    assert n.line(8, "an unprefixed line")[0].rank is None
+    # A heading over one of a rank's worker processes names no rank: the worker is not the rank's process.
+    n.line(9, "Rank 2:")
+    assert n.line(10, "**Rank 2 worker (one of 8):**")[0].rank is None
+    assert n.line(11, "fetch (x.py:1)")[0].rank is None
+    # Not headings: a sentence, a rank prefix with a message after it.
+    m = Normaliser()
+    assert m.line(1, "Rank 0 uses device 0 [0x05] Tesla M40 24GB")[0].rank is None
+    assert m.line(2, "after it")[0].rank is None
+
+
+def test_stacks_under_rank_headings_flush_left_are_each_rank_s(tmp_path):
+    # py-spy frames retyped without indentation under a heading per rank: one rank in a barrier, the other
+    # preparing its data with Hugging Face datasets' map (the shape of
+    # dataloader_stall__cliangyu-ttcc-rl-session-journal-20260522).
+    text = (
+        "**Rank 1 (waiting):**\n```\nbarrier (torch/distributed/distributed_c10d.py:5030)\n"
+        "main_first (app/utils.py:66)\ntrain (app/train.py:10)\n```\n\n"
+        "**Rank 0:**\n```\n_recv (multiprocess/connection.py:398)\n"
+        "iflatmap_unordered (datasets/utils/py_utils.py:610)\nmap (datasets/arrow_dataset.py:3623)\n"
+        "prepare (app/data.py:20)\n```\n"
+    )
+    ev, v = _verdict(tmp_path, text)
+    assert sorted(d.rank for d in ev.stacks) == [0, 1]
+    assert v.root_cause.category == "dataloader_stall", v.root_cause.summary
+    assert v.root_cause.culprit.ranks == [0]
