@@ -49,6 +49,12 @@ _RANK = lazy(
 _COLUMNS = lazy(r"^#\s+size\s+count\s+type\b")
 _AVG = lazy(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]{1,20})")
 _OOB = lazy(r"^#\s*Out of bounds values\s*:\s*(\d{1,12})\s+(\w+)")
+# NCCLCHECK's report of an NCCL call that failed (src/common.h): `host: Test NCCL failure common.cu:959 'internal
+# error - please report this issue to the NCCL developers / '` (before NCCL 2.13 without ` / <last error>`). The
+# binary prints its device list (`# Using devices`, util.cu), then creates its communicators (initComms, then
+# buffer registration, common.cu), and only then the results' column header (writeResultHeader): a failure between
+# the device list and that header is one of communicator set-up.
+_FAILURE = lazy(r"(?:(?:^|\s)(\S{1,253}): )?Test NCCL failure ([^\s:]{1,200}):(\d{1,7}) '([^'\n]{0,400})")
 _NUM = r"(?:\d{1,15}(?:\.\d{1,12})?|N/A|[\d.]{1,12}e[+-]\d{1,3})"
 # A result row: size, count, type, [redop], [root], then out-of-place and in-place (time algbw busbw #wrong).
 _ROW = lazy(
@@ -100,6 +106,8 @@ def claims(line: str) -> int:
         return 0
     if _ROW.match(line):
         return 6
+    if "Test NCCL failure " in line and _FAILURE.search(line):
+        return 8
     if _node_set(line):
         return 5
     return 0
@@ -120,6 +128,7 @@ class _Run:
         self.oob: int | None = None
         self.quote: Quote | None = None
         self.first: Quote | None = None
+        self.last_rank: Quote | None = None  # the device list's last line: communicators are made after it
 
     @property
     def started(self) -> bool:
@@ -149,6 +158,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                     "gpu": m.group(6).strip() or None,
                 }
                 run.first = run.first or q
+                run.last_rank = q
             elif (m := _AVG.match(s)) is not None:
                 try:
                     run.avg = float(m.group(1))
@@ -179,6 +189,22 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                     if q not in run.wrong_quotes:
                         run.wrong_quotes.append(q)
             continue
+        if "Test NCCL failure " in raw and (m := _FAILURE.search(raw)) is not None:
+            # No stage of its own: one printed right after the device list (the communicators' creation, a
+            # `comm_init_start` below) is set-up's, which playbooks/nccl_logs.py reads from the order of lines.
+            error = m.group(4).strip().removesuffix("/").strip()
+            host = m.group(1) or src.host
+            ev.events.append(
+                LogEvent(
+                    "nccl_error",
+                    q,
+                    host=host,
+                    fields={"error": error, "message": error, "file": m.group(2), "line": int(m.group(3))},
+                )
+            )
+            if host:
+                ev.note_host(host)
+            continue
         if (m := _node_set(raw)) is not None:
             hosts = [h.strip() for h in m.group(1).split(",")]
             unit = m.group(3) or ""
@@ -203,6 +229,13 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
 
 
 def _flush(run: _Run, src: Source, ev: Evidence) -> None:
+    if run.last_rank is not None:
+        # The binary lists its devices, then creates its communicators (initComms), and only then prints its
+        # results' header and rows: the device list's end is where communicator set-up began.
+        ev.events.append(
+            LogEvent("comm_init_start", run.last_rank, host=src.host, fields={"emitter": "nccl-tests"})
+        )
+        run.last_rank = None
     if not run.started:
         return
     hosts = sorted({r["host"] for r in run.ranks.values()})

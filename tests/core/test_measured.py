@@ -247,3 +247,24 @@ def test_a_bar_naming_no_rank_is_the_silent_ranks_when_the_others_time_out():
     assert v.root_cause.culprit.ranks == [0]
     text = "\n".join([bar] + [wd.format(r=r) for r in (2, 3)]) + "\n"  # ranks 0 and 1 silent: which one?
     assert engine.run(evidence_from_paths(["-"], stdin=text.encode())).root_cause.category != "straggler"
+
+
+# nccl-tests' NCCLCHECK report (src/common.h); the binary prints its devices, creates its communicators, and only
+# then the results' column header (util.cu, common.cu): a failure between the two is one of set-up.
+_FAILED = "node-b: Test NCCL failure common.cu:959 'internal error - please report this issue to the NCCL developers / '\n .. node-b pid 3164639: Test failure common.cu:844\n"
+
+
+def test_an_nccl_failure_before_the_results_header_is_a_set_up_failure_on_that_host(tmp_path):
+    head = _run(["node-a", "node-b"], 40.0).split("#\n#      ")[0]  # the device list, no results header
+    v = _verdict(tmp_path, head + _FAILED)
+    assert v.root_cause.category == "comm_init_failure", v.root_cause.summary
+    assert v.root_cause.culprit.hosts == ["node-b"]
+    assert "internal error" in v.root_cause.summary
+
+
+def test_an_nccl_failure_after_results_began_is_not_called_set_up(tmp_path):
+    text = _run(["node-a", "node-b"], 40.0).split("# Out of bounds")[0] + _FAILED
+    ev = _ev(tmp_path, text)
+    [failure] = ev.events_of("nccl_error")
+    assert failure.host == "node-b"
+    assert engine.run(ev).root_cause.category != "comm_init_failure"
