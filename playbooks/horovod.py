@@ -81,9 +81,11 @@ def _odd_side(e: LogEvent) -> list[int]:
 
 
 def _crossed(e: LogEvent) -> bool:
-    """Two tensors of one warning whose missing ranks are disjoint: each side submitted what the other lacks."""
+    """Two tensors of one warning, each submitted by a rank that lacks the other: a rank missing only B (it
+    submitted A) and a rank missing only A (it submitted B) can never both go on. Disjoint missing sets are the
+    plain case; a rank missing both (it is elsewhere, submitting neither) does not undo the crossing of the rest."""
     sets = [frozenset(op.get("missing") or ()) for op in e.fields.get("ops") or [] if op.get("missing")]
-    return any(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1 :])
+    return any(a - b and b - a for i, a in enumerate(sets) for b in sets[i + 1 :])
 
 
 @playbook("horovod_stall", order=57)

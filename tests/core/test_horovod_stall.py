@@ -193,3 +193,23 @@ def test_horovod_shut_down_after_a_rank_s_exception_is_not_read_as_an_uneven_spl
     )
     rc = engine.run(read(crash + b"[1,0]<stderr>:" + _SHUTDOWN)).root_cause
     assert rc.category != "conditional_collective", rc.summary
+
+
+def test_crossed_waits_with_a_rank_that_submitted_neither_are_still_crossed():
+    # Rank 1 submitted one broadcast, ranks 2 and 3 another, rank 0 neither: ranks 1 and 2 each lack what the other
+    # submitted, so no rank is merely late (the shape of conditional_collective__horovod-horovod-2662).
+    text = CROSSED.split(b"[1,0]<stderr>:Stalled ranks:")[0] + (
+        b"[1,0]<stderr>:Missing ranks:\n"
+        b"[1,0]<stderr>:0: [broadcast.noname.11, broadcast.noname.12]\n"
+        b"[1,0]<stderr>:1: [broadcast.noname.12]\n"
+        b"[1,0]<stderr>:2: [broadcast.noname.11]\n"
+        b"[1,0]<stderr>:3: [broadcast.noname.11]\n"
+    )
+    rc = engine.run(read(text)).root_cause
+    assert rc.category == "conditional_collective", rc.summary
+    assert rc.culprit.ranks == [] and "crossed waits" in rc.summary
+    # Every rank missing the same one tensor is still a late subset, not a crossing.
+    same = text.replace(b"1: [broadcast.noname.12]", b"1: [broadcast.noname.11]")
+    assert engine.run(read(same)).root_cause.category != "conditional_collective" or "crossed" not in (
+        engine.run(read(same)).root_cause.summary
+    )
