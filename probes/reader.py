@@ -37,6 +37,11 @@ TAIL_LINES = 20000  # its end: where the hang is
 CONTEXT_LINES = 40  # kept after a line that names a fault: a traceback's frames, a desync report
 MIDDLE_MAX = 100_000  # fault lines kept from the middle; past that they are counted, not kept
 COLL_PER_PROCESS = 6  # collective lines kept per process and communicator
+# A text this big whose head is full keeps of the head's collective lines only each process's first ones (its
+# set-up lines all stay): the rest are the middle of a long run of collectives, which no verdict reads (a
+# process's last collectives are kept apart, wherever they are), and reading 4,000 of them cost more than a
+# tenth of a second of every big log's read.
+BIG_HEAD_TRIM = 64 << 20
 MAX_LINE_BYTES = 64 * 1024  # a longer line is cut (a binary blob, a minified JSON)
 
 # Lines that can name a fault anywhere in a log (matched on bytes, case-insensitive words).
@@ -232,7 +237,7 @@ class Keeper:
             self._chunk(self._rest + b"\n", 0, None)
             self._rest = b""
         kept: dict[int, bytes] = {}
-        for no, ln in self.head:
+        for no, ln in self._head_kept():
             kept[no] = ln
         for no, ln in self.middle:
             kept[no] = ln
@@ -242,6 +247,22 @@ class Keeper:
             for no, ln in dq:
                 kept[no] = ln
         return sorted(kept.items())
+
+    def _head_kept(self) -> list[tuple[int, bytes]]:
+        """The head, less (in a big text) the collective lines past each process's first COLL_PER_PROCESS."""
+        if self.bytes < BIG_HEAD_TRIM or len(self.head) < HEAD_LINES:
+            return self.head
+        out: list[tuple[int, bytes]] = []
+        seen: dict[tuple[bytes, bytes], int] = {}
+        for no, ln in self.head:
+            if _COLL in ln and (found := _proc_key(ln)):
+                c = _COMM.search(ln, found[1])
+                key = (found[0], c.group(1) if c else b"")
+                if seen.get(key, 0) >= COLL_PER_PROCESS:
+                    continue
+                seen[key] = seen.get(key, 0) + 1
+            out.append((no, ln))
+        return out
 
     # -- per chunk ---------------------------------------------------------------------------------------
 
