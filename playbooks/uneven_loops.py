@@ -13,7 +13,7 @@ straggler; busy_elsewhere and straggler read that).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from statistics import median
 
@@ -131,3 +131,32 @@ def uneven_iterations(facts: Facts) -> Iterator[Match]:
         },
         status="hung",
     )
+
+
+@playbook("uneven_lengths", order=64)
+def uneven_lengths(facts: Facts) -> Iterator[Match]:
+    """Did the ranks print different lengths for the loop they run (batches, steps or samples of their shard)?
+
+    Each step of data-parallel training holds collectives (the gradient all-reduce), so ranks whose loops differ in
+    length cannot all finish: the one with fewer steps leaves the loop and the others wait in a collective it never
+    issues. The rank(s) whose length differs from a clear majority's are named; with no majority, none."""
+    per: dict[str, dict[int, LogEvent]] = defaultdict(dict)
+    for e in facts.ev.events_of("data_length"):
+        if e.rank is not None and isinstance(e.fields.get("n"), int):
+            per[str(e.fields.get("what"))][e.rank] = e  # each rank's last
+    for what, by_rank in sorted(per.items(), key=lambda kv: -len(kv[1])):
+        lengths = {r: int(e.fields["n"]) for r, e in sorted(by_rank.items())}
+        if len(lengths) < 2 or len(set(lengths.values())) < 2:
+            continue
+        common, agree = Counter(lengths.values()).most_common(1)[0]
+        odd = sorted(r for r, n in lengths.items() if n != common)
+        culprit = odd if agree >= 2 and agree > len(odd) else []
+        yield Match(
+            "conditional_collective",
+            0.62 if culprit else 0.55,
+            Culprit(ranks=culprit, hosts=facts.hosts_of(culprit)),
+            [by_rank[r].quote for r in lengths],
+            {"ranks": culprit, "what": what, "lengths": lengths, "common": common if culprit else None},
+            status="hung",
+        )
+        return

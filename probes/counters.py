@@ -42,6 +42,51 @@ _PY_LOG = lazy(
 )
 
 
+# The length of the loop a rank is about to run, as programs print it per rank before training or evaluation
+# (the number of batches of its shard of the data): `Number of batches 4`, `num_batches: 4`, `len(train_loader) =
+# 4`, `steps per epoch: 4`, `4 batches per epoch`. With the same collectives in every step, ranks whose loops differ
+# in length cannot all finish (DDP's uneven inputs: torch.distributed.algorithms.Join exists for it).
+_LENGTH = lazy(
+    r"\b(?:[Nn]umber of|[Nn]um_?|[Tt]otal) ?(?P<what>batch(?:es)?|steps?|iter(?:ation)?s?|samples?)\b[ \t]{0,3}[:=]?[ \t]{0,3}"
+    r"(?P<n>\d{1,12})(?![\d.])"
+    r"|\blen\([\w.]{0,60}(?:loader|dataloader|batches)\)[ \t]{0,3}[:=]?[ \t]{0,3}(?P<n2>\d{1,12})(?![\d.])"
+    r"|\b(?P<what3>[Ss]teps|[Bb]atches|[Ii]terations)[ _]per[ _]epoch\b[ \t]{0,3}[:=]?[ \t]{0,3}(?P<n3>\d{1,12})(?![\d.])"
+)
+_LENGTH_WORDS = ("umber of", "um_", "Num", "otal", "len(", "per epoch", "per_epoch")
+LENGTH_CLAIM_WORDS = _LENGTH_WORDS  # the torch log's claim needles for such lines
+# A rank named inside the line (`Rank = 2, ...`, `rank 3: ...`, `[rank 1]`), for a length line with no prefix.
+_INLINE_RANK = lazy(r"\b[Rr](?:ank|ANK) ?[=:#]? ?(\d{1,6})\b")
+
+
+def length(msg: str) -> tuple[str, int] | None:
+    """The loop length one line prints: (what: batches, steps, iterations or samples; n)."""
+    if len(msg) > 2000 or not any(w in msg for w in _LENGTH_WORDS):
+        return None
+    m = _LENGTH.search(msg)
+    if not m:
+        return None
+    if m.group("n") is not None:
+        word, n = m.group("what").lower(), m.group("n")
+    elif m.group("n2") is not None:
+        word, n = "batches", m.group("n2")
+    else:
+        word, n = m.group("what3").lower(), m.group("n3")
+    what = (
+        "batches"
+        if word.startswith("batch")
+        else "steps"
+        if word.startswith("step")
+        else ("samples" if word.startswith("sample") else "iterations")
+    )
+    return what, int(n)
+
+
+def inline_rank(msg: str) -> int | None:
+    """A rank the line names in its words (not a prefix): `Rank = 2, Number of batches 8`."""
+    m = _INLINE_RANK.search(msg)
+    return int(m.group(1)) if m else None
+
+
 def is_python_log(line: str) -> bool:
     """Is this a line printed through Python's logging (or loguru) in a common format?"""
     if not ("," in line or " | " in line or line[:1] in "DIWEC"):  # what each of the formats needs, cheaply

@@ -196,6 +196,7 @@ CLAIM_WORDS = (
     "Exit",
     ",",
     " | ",
+    *counters.LENGTH_CLAIM_WORDS,
 )
 CLAIM_PATTERNS: tuple[str, ...] = (r"^\[?[EWIF]", r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):")
 
@@ -214,6 +215,8 @@ def claims(line: str) -> int:
         return 5
     if counters.is_python_log(line):
         return 5  # a line of the program's own Python logging: a rank's log
+    if counters.length(line) is not None:
+        return 5  # a rank's count of the batches it will run (`Rank = 2, Number of batches 8`)
     return 0
 
 
@@ -388,6 +391,9 @@ def _one(ln: _Line, st: _State) -> None:
         _progress(ln, st)
         return
     st.counters.note(_rank_of(ln, st), ln.msg, ln.lineno, ln)
+    if (found := counters.length(ln.msg)) is not None:
+        rank = ln.rank if ln.rank is not None else counters.inline_rank(ln.msg)
+        _add(st, "data_length", ln, rank=rank, what=found[0], n=found[1])
     if ln.body[:1].isspace() and ln.body.strip():  # a traceback's source or frame line, even in a fragment
         st.last_code[ln.rank] = ln.body.strip()[:300]
     _traceback(ln, st)

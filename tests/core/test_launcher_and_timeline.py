@@ -508,3 +508,23 @@ def test_stacks_under_rank_headings_flush_left_are_each_rank_s(tmp_path):
     assert sorted(d.rank for d in ev.stacks) == [0, 1]
     assert v.root_cause.category == "dataloader_stall", v.root_cause.summary
     assert v.root_cause.culprit.ranks == [0]
+
+
+# -- per-rank loop lengths ---------------------------------------------------------------------------------
+
+
+def test_ranks_printing_different_numbers_of_batches_are_uneven_data(tmp_path):
+    text = "".join(f"Rank = {r}, Number of batches {8 if r == 5 else 6}\n" for r in range(8))
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "conditional_collective", v.root_cause.summary
+    assert v.root_cause.culprit.ranks == [5]
+    # torchrun's prefix names the rank as well as the words do.
+    text = "".join(f"[rank{r}]: len(train_loader) = {100 + r % 2}\n" for r in range(4))
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "conditional_collective" and v.root_cause.culprit.ranks == []
+
+
+def test_ranks_printing_the_same_number_of_batches_are_no_finding(tmp_path):
+    ev, v = _verdict(tmp_path, "".join(f"Rank = {r}, Number of batches 6\n" for r in range(4)))
+    assert len(ev.events_of("data_length")) == 4
+    assert v.root_cause.category != "conditional_collective"

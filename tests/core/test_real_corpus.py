@@ -42,8 +42,6 @@ KNOWN_MISSES = {
     "comm_init_failure__NVIDIA-nccl-tests-217": "a one-GPU nccl-tests run whose loopback socket is `closed by remote "
     "peer` (read: a peer died); that the only peer is the process itself, so something on the host closed it, is not "
     "weighed",
-    "conditional_collective__deepspeedai-DeepSpeed-2223": "four per-rank `Number of batches` lines (an application's "
-    "own print): per-rank data lengths that differ are not read",
     "dataloader_stall__bigscience-workshop-bigscience-tr11-chronicles": "category right; the host is named only in a "
     "digest of first frames per trace file (`trace-jean-zay-iam52` then frame names), which is not read",
     "gpu_fault__NVIDIA-nccl-104": "NCCL 1.x's test output (device list, then the results header and nothing): not "
