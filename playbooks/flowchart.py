@@ -1217,7 +1217,7 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
     yield Match(
         "rank_crashed",
         0.5,
-        Culprit(hosts=_hosts_of_events([e])),
+        Culprit(hosts=sorted(set(_hosts_of_events([e])) | set(_hosts_told_after(facts, e)))),
         [e.quote] + [t.quote for t in timeouts[:2]],
         {
             "exc": e.quote.text,
@@ -1228,6 +1228,27 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
         status="failed",
         template="process_raised",
     )
+
+
+_MESSAGE_LINES = 3  # lines an exception's message may go on for after its first
+
+
+def _hosts_told_after(facts: Facts, e: LogEvent) -> list[str]:
+    """Hosts that a crash line right after an exception names: its message going on (Ray's OutOfMemoryError goes
+    on with `Memory on the node (IP: ...)`, the node whose memory monitor killed the worker)."""
+    out = []
+    for o in facts.ev.events:
+        if (
+            o is e
+            or o.quote.source != e.quote.source
+            or not 0 < o.quote.line - e.quote.line <= _MESSAGE_LINES
+        ):
+            continue
+        if o.fields.get("signal_category") == "rank_crashed":
+            host = o.fields.get("node") or o.fields.get("own_host") or o.host
+            if isinstance(host, str) and host:
+                out.append(host)
+    return out
 
 
 # Functions of process-group set-up (torch.distributed, its rendezvous and store, and the frameworks' wrappers around
