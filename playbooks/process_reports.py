@@ -55,6 +55,20 @@ def _short(where: str | None) -> str | None:
     return f"{func} ({_norm(rest.rstrip(')'))})"
 
 
+def _rank_by_pid(facts: Facts, e: LogEvent) -> int | None:
+    """The rank of a crash report that names only its process: the one rank the other lines of that process (same
+    pid, same host or none said) name (Ray's `(WorkerDict pid=18980)` before torchrun's `[rank4]:` on one line, and
+    only the pid before Python's own crash report on another)."""
+    if e.pid is None:
+        return None
+    named = {
+        x.rank
+        for x in facts.ev.events
+        if x.rank is not None and x.pid == e.pid and (x.host == e.host or x.host is None or e.host is None)
+    }
+    return named.pop() if len(named) == 1 else None
+
+
 @playbook("fatal_signal", order=12)
 def fatal_signal(facts: Facts) -> Iterator[Match]:
     """Did a process print Python's own crash report (faulthandler: `Fatal Python error: Segmentation fault`)?"""
@@ -62,7 +76,9 @@ def fatal_signal(facts: Facts) -> Iterator[Match]:
     crashes = [e for e in crashes if not watchdog_abort(facts.ev, e)]
     if not crashes:
         return
-    ranks = sorted({e.rank for e in crashes if e.rank is not None})
+    ranks = sorted(
+        {r for e in crashes if (r := e.rank if e.rank is not None else _rank_by_pid(facts, e)) is not None}
+    )
     hosts = sorted({h for e in crashes for h in _host_of(facts, e)})
     # The launcher's word on the same process: `failed (exitcode: -11) local_rank: 0 (pid: ...)`.
     exits = [

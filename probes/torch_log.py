@@ -358,9 +358,17 @@ def _rank_of(ln: _Line, st: _State) -> int | None:
     if ln.rank is not None:
         return ln.rank
     m = _PG_RANK.search(ln.msg)
-    if m:
+    if m and _global_rank(m):
         return int(m["rank"])
     return st.src.rank
+
+
+def _global_rank(m: re.Match) -> bool:
+    """Is a log prefix's `Rank N` the global rank? ProcessGroupNCCL's prefix prints the rank within its own process
+    group (createLogPrefix: `[PG ID <uid> PG GUID <guid> Rank <rank_>]`): the global rank only for the default
+    group (PG 0, `0(default_pg)`); in PG 97 it is the process's place in that group, not its place in the job."""
+    pgid = m["pgid"]
+    return pgid is None or pgid == "0" or (m["guid"] or "").startswith("0(")
 
 
 def _add(st: _State, kind: str, ln: _Line, rank: int | None = None, **fields: Any) -> LogEvent:
