@@ -528,3 +528,46 @@ def test_ranks_printing_the_same_number_of_batches_are_no_finding(tmp_path):
     ev, v = _verdict(tmp_path, "".join(f"Rank = {r}, Number of batches 6\n" for r in range(4)))
     assert len(ev.events_of("data_length")) == 4
     assert v.root_cause.category != "conditional_collective"
+
+
+# -- whose process: a rank learnt from the same process's other lines, a process group's own rank ----------------
+
+
+def test_a_crash_report_naming_only_its_pid_gets_the_rank_its_process_s_other_lines_name(tmp_path):
+    text = (
+        "(WorkerDict pid=18980) [rank4]:[E402 16:49:38.988158820 ProcessGroupNCCL.cpp:1515] [PG 97 Rank 0] Process "
+        "group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered\n"
+        "(WorkerDict pid=18980) Fatal Python error: Aborted\n"
+        "(WorkerDict pid=18980) \n"
+        "(WorkerDict pid=18980) Thread 0x00007fc8b4ff9640 (most recent call first):\n"
+        '(WorkerDict pid=18980)   File "/x/threading.py", line 324 in wait\n'
+    )
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "rank_crashed", v.root_cause.summary
+    assert v.root_cause.culprit.ranks == [4]
+
+
+def test_a_process_group_s_own_rank_is_not_the_job_s_rank(tmp_path):
+    # ProcessGroupNCCL's prefix prints the rank within its group: rank 0 of PG 97 is not global rank 0.
+    line = (
+        "[2025-04-02 16:49:38,666 E 18980 20767] logging.cc:97: Unhandled exception: N3c1016DistBackendErrorE. what(): "
+        "[PG {pg} Rank 3] Process group watchdog thread terminated with exception: CUDA error: an illegal memory "
+        "access was encountered\n"
+    )
+    ev, _ = _verdict(tmp_path, line.format(pg="97"))
+    assert all(e.rank is None for e in ev.events_of("cuda_error"))
+    ev, _ = _verdict(tmp_path, line.format(pg="0"))
+    assert {e.rank for e in ev.events_of("cuda_error")} == {3}
+
+
+def test_ray_s_oom_kill_names_the_node_its_message_goes_on_with(tmp_path):
+    text = (
+        "    output = ray.get(output)\n"
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "Memory on the node (IP: 10.1.2.3, ID: 02f82f803ebbe53896582a02e58afee99633c7736f7e04e19cfe466e) where the "
+        "task (actor ID: 35401eb04028d69250016be001000000, name=Worker.__init__, pid=827684, memory used=43.35GB) "
+        "was running was 382.59GB / 400.00GB (0.956471), which exceeds the memory usage threshold of 0.95.\n"
+    )
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "rank_crashed", v.root_cause.summary
+    assert v.root_cause.culprit.hosts == ["10.1.2.3"]
