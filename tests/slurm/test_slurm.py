@@ -285,11 +285,17 @@ def hung_job(cluster):
     cluster.wait_state(job, {"RUNNING"})
     # Wait until the rank has printed (it is then asleep in wait_for_allreduce).
     out = cluster.path(f"job-{job}.out")
-    deadline = time.monotonic() + 15
+    # Under the whole suite's load (two CPUs, many Python processes) the job's interpreter can take a while to
+    # start: a generous deadline, and a clear failure if the rank never printed.
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline and "entering allreduce" not in (
         open(out).read() if os.path.exists(out) else ""
     ):
         time.sleep(0.2)
+    if "entering allreduce" not in (open(out).read() if os.path.exists(out) else ""):
+        pytest.fail(
+            f"the sbatch job {job} did not print within 90 s: {cluster.run('squeue', '-j', job, check=False).stdout}"
+        )
     procs, _, _ = collector.find_job_processes(job)
     for p in procs:
         cluster.job_pids.extend(x for x in (p["pid"], p["ppid"]) if x and x > 1)
