@@ -318,19 +318,34 @@ _WATCHDOG = "Watchdog caught collective operation timeout"
 _RAN_FOR = lazy(r"ran for \d{1,15} milliseconds")
 
 
+# NCCL's interface list (`NET/Socket : Using [0]eth0:10.0.0.1<0> [1]ib0:10.1.0.1<0>`, the bootstrap's and NET/IB's
+# alike) is one line; a paste or a narrow terminal may break it before each `[N]name:address<port>` entry.
+_IF_LIST = lazy(r"(?:NET/Socket|NET/IB|NET/OFI|Bootstrap) ?: ?Using(?: \S{1,300}?<\d{1,6}>)*\s*$")
+_IF_ENTRY = lazy(r"\s{0,8}(?:\[\d{1,3}\])?[\w.\-]{1,32}:[0-9A-Za-z:.%\-]{2,120}<\d{1,6}>\s*")
+
+
+def _if_list(text: str) -> bool:
+    return "Using" in text and len(text) <= 4096 and bool(_IF_LIST.search(text))
+
+
 def joins_next(text: str) -> bool:
     """True when a line was cut by a wrap and continues on the next one."""
     if len(text) > 4096:
         return False
     if any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")"):
         return True
+    if _if_list(text):
+        return True  # it goes on only with a next line that is one more interface (continues)
     # The watchdog prints its message on one line, ending `ran for N milliseconds before timing out.`.
     return _WATCHDOG in text and not _RAN_FOR.search(text)
 
 
 def continues(text: str, nxt: str) -> bool:
-    """Does `nxt` go on with the wrapped `text`? A cut-open parenthesis always does; an unfinished watchdog message
-    only with its own parts (`WorkNCCL(...)`, `ran for ...`) or an indented line."""
+    """Does `nxt` go on with the wrapped `text`? A cut-open parenthesis always does; an NCCL interface list only
+    with one more `[N]name:address<port>`; an unfinished watchdog message only with its own parts (`WorkNCCL(...)`,
+    `ran for ...`) or an indented line."""
     if any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")"):
         return True
+    if _if_list(text):
+        return bool(_IF_ENTRY.fullmatch(nxt))
     return nxt[:1].isspace() or nxt.startswith(("WorkNCCL(", "ran for "))

@@ -571,3 +571,27 @@ def test_ray_s_oom_kill_names_the_node_its_message_goes_on_with(tmp_path):
     _, v = _verdict(tmp_path, text)
     assert v.root_cause.category == "rank_crashed", v.root_cause.summary
     assert v.root_cause.culprit.hosts == ["10.1.2.3"]
+
+
+def test_nccl_s_interface_list_broken_before_each_entry_is_one_line_again():
+    lines = clean(
+        (i, s.encode())
+        for i, s in enumerate(
+            [
+                "gpu1:1234:1234 [0] NCCL INFO NET/Socket : Using",
+                "[0]bond0:192.168.1.161<0>",
+                "[1]br-05ab815fa14e:172.19.0.1<0>",
+                "[2]veth6163fba:fe80::b878:6cff:fe52:abe2%veth6163fba<0> ",
+                "gpu1:1234:1234 [0] NCCL INFO Using network Socket",
+                "gpu1:1234:1234 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>",
+                "[rank0]: not an interface",
+            ],
+            1,
+        )
+    )
+    texts = [ln.text for ln in lines]
+    assert texts[0].endswith(
+        "NET/Socket : Using [0]bond0:192.168.1.161<0> [1]br-05ab815fa14e:172.19.0.1<0> "
+        "[2]veth6163fba:fe80::b878:6cff:fe52:abe2%veth6163fba<0>"
+    )
+    assert len(lines) == 4 and lines[-1].text == "not an interface" and lines[-1].rank == 0

@@ -120,8 +120,6 @@ KNOWN_MISSES = {
     "half the ranks: an app's message with its rank inside the line, not read as uneven data",
     "io_stall__marin-community-marin-8534": "a timeline the poster wrote by hand ('task 12 still reading'): no "
     "emitter's line",
-    "comm_init_failure__NVIDIA-nccl-697": "NCCL's `NET/Socket : Using` interface list broken into one line per "
-    "interface by the paste: the Docker bridges it picked are not read from a list cut that way",
     "conditional_collective__pytorch-pytorch-141069": "only the waiting side's watchdog timeouts on a 1-element "
     "allreduce (read: unknown, a rank that never reached it the usual cause)",
     "ddp_unused_parameters__pytorch-pytorch-19791": "a TypeError inside an old PyTorch's DDP _queue_reduction; that "
