@@ -50,12 +50,13 @@ _RANK_HEADING = lazy(
     r"(?:(?<=\d)|(?<=[\w)]) ?:| ?:)\s*"
 )
 _POD = lazy(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
-# Ray's actor prefix `(RayTrainWorker pid=615, ip=10.0.0.3) `, and vLLM's worker processes, which print the same
+# Ray's actor prefix `(RayTrainWorker pid=615, ip=10.0.0.3) ` (an IPv6 node in brackets: `ip=[fdbd::30f]`), and vLLM's
+# worker processes, which print the same
 # shape (vllm's _add_prefix): `(VllmWorker rank=1 pid=8700) `, in newer releases `(Worker_TP1 pid=1163) `,
 # `(Worker_PP1_TP0 pid=...) `, `(EngineCore_DP0 pid=...) `. A worker's rank is read when its name gives it alone
 # (rank=N, or a tensor-parallel rank with no pipeline or data-parallel rank beside it).
 _RAY = lazy(
-    r"\((?:VllmWorker rank=(\d{1,6})|Worker_TP(\d{1,6})|\w{1,64}) pid=(\d{1,10})(?:, ip=([0-9a-fA-F.:]{1,45}))?\) ?"
+    r"\((?:VllmWorker rank=(\d{1,6})|Worker_TP(\d{1,6})|\w{1,64}) pid=(\d{1,10})(?:, ip=\[?([0-9a-fA-F.:]{1,45})\]?)?\) ?"
 )
 # SGLang's log prefix (python/sglang/srt/utils.py configure_logger: `[%(asctime)s TP3] `): the tensor-parallel
 # rank of the scheduler that printed, read when no DP or PP rank stands beside it; the line keeps its time.
