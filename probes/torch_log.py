@@ -75,7 +75,8 @@ _OOM_TOTAL = lazy(r"total capacity of ([\d.]+ ?[KMGTP]?i?B) of which ([\d.]+ ?[K
 _OOM_TOTAL_OLD = lazy(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) total capacity;")
 _OOM_FREE_OLD = lazy(r"(?<![\d.])([\d.]+ ?[KMGTP]?i?B) free")
 _EXC_LINE = lazy(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
-_FRAME = lazy(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*\S)\s*$')
+# A traceback's frame line (the first of a pasted fragment may have lost its indentation).
+_FRAME = lazy(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.*\S)\s*$')
 # IPython / Jupyter's traceback: a header `KeyboardInterrupt    Traceback (most recent call last)`, then per frame
 # `/path/file.py in func(args)` (or `<ipython-input-5-...> in <module>`) and its source with the current line
 # marked `--> 435`; the exception line `KeyboardInterrupt: ` ends it.
