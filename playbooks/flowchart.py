@@ -1233,21 +1233,29 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
 _MESSAGE_LINES = 3  # lines an exception's message may go on for after its first
 
 
+_REMOTE_TRACE_LINES = 400  # how far above an exception a remote task's header (RayTaskError) may stand
+
+
 def _hosts_told_after(facts: Facts, e: LogEvent) -> list[str]:
-    """Hosts that a crash line right after an exception names: its message going on (Ray's OutOfMemoryError goes
-    on with `Memory on the node (IP: ...)`, the node whose memory monitor killed the worker)."""
+    """Hosts the lines around an exception name as where it happened: a crash line right after it (its message
+    going on: Ray's OutOfMemoryError with `Memory on the node (IP: ...)`, the node whose memory monitor killed the
+    worker), or the last RayTaskError header above it (`ray::Worker.method() (pid=N, ip=X, ...)`: the remote
+    traceback under it, which ends in this exception, ran in that worker on that node)."""
     out = []
+    remote: LogEvent | None = None
     for o in facts.ev.events:
-        if (
-            o is e
-            or o.quote.source != e.quote.source
-            or not 0 < o.quote.line - e.quote.line <= _MESSAGE_LINES
-        ):
+        if o is e or o.quote.source != e.quote.source:
             continue
-        if o.fields.get("signal_category") == "rank_crashed":
+        gap = o.quote.line - e.quote.line
+        if 0 < gap <= _MESSAGE_LINES and o.fields.get("signal_category") == "rank_crashed":
             host = o.fields.get("node") or o.fields.get("own_host") or o.host
             if isinstance(host, str) and host:
                 out.append(host)
+        elif o.kind == "ray_task_error" and -_REMOTE_TRACE_LINES <= gap < 0:
+            if remote is None or o.quote.line > remote.quote.line:
+                remote = o
+    if not out and remote is not None and isinstance(remote.fields.get("node"), str):
+        out.append(str(remote.fields["node"]))
     return out
 
 
