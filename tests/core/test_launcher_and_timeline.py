@@ -595,3 +595,31 @@ def test_nccl_s_interface_list_broken_before_each_entry_is_one_line_again():
         "[2]veth6163fba:fe80::b878:6cff:fe52:abe2%veth6163fba<0>"
     )
     assert len(lines) == 4 and lines[-1].text == "not an interface" and lines[-1].rank == 0
+
+
+def test_the_worker_a_ray_task_error_names_is_where_the_exception_under_it_happened(tmp_path):
+    text = (
+        "ray.exceptions.RayTaskError(RuntimeError): ray::TaskRunner.run() (pid=9153, ip=10.0.0.1, actor_id=42e1)\n"
+        '  File "/x/main.py", line 10, in run\n'
+        "ray.exceptions.RayTaskError(RuntimeError): ray::Worker.init_model() (pid=11755, ip=10.0.0.7, actor_id=3aa4)\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/workers.py", line 20, in init_model\n'
+        "    loop = asyncio.get_event_loop()\n"
+        "RuntimeError: There is no current event loop in thread 'MainThread'.\n"
+    )
+    _, v = _verdict(tmp_path, text)
+    assert v.root_cause.category == "rank_crashed", v.root_cause.summary
+    assert v.root_cause.culprit.hosts == ["10.0.0.7"]
+
+
+def test_a_traceback_fragment_whose_first_frame_lost_its_indent_is_still_read(tmp_path):
+    text = (
+        'File "/app/torchtitan/distributed/utils.py", line 423, in _clip_grad_norm_with_ep\n'
+        "    ).full_tensor()\n"
+        "      ^^^^^^^^^^^\n"
+        "AttributeError: 'Tensor' object has no attribute 'full_tensor'\n"
+    )
+    ev, v = _verdict(tmp_path, text)
+    [exc] = ev.events_of("exception")
+    assert exc.fields["exc_type"] == "AttributeError"
+    assert v.root_cause.category == "rank_crashed", v.root_cause.summary
