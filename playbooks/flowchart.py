@@ -1217,7 +1217,7 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
     yield Match(
         "rank_crashed",
         0.5,
-        Culprit(hosts=sorted(set(_hosts_of_events([e])) | set(_hosts_told_after(facts, e)))),
+        Culprit(hosts=sorted(set(_hosts_of_events([e])) | set(_hosts_told_around(facts, e)))),
         [e.quote] + [t.quote for t in timeouts[:2]],
         {
             "exc": e.quote.text,
@@ -1236,7 +1236,7 @@ _MESSAGE_LINES = 3  # lines an exception's message may go on for after its first
 _REMOTE_TRACE_LINES = 400  # how far above an exception a remote task's header (RayTaskError) may stand
 
 
-def _hosts_told_after(facts: Facts, e: LogEvent) -> list[str]:
+def _hosts_told_around(facts: Facts, e: LogEvent) -> list[str]:
     """Hosts the lines around an exception name as where it happened: a crash line right after it (its message
     going on: Ray's OutOfMemoryError with `Memory on the node (IP: ...)`, the node whose memory monitor killed the
     worker), or the last RayTaskError header above it (`ray::Worker.method() (pid=N, ip=X, ...)`: the remote

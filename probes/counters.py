@@ -52,15 +52,22 @@ _LENGTH = lazy(
     r"|\blen\([\w.]{0,60}(?:loader|dataloader|batches)\)[ \t]{0,3}[:=]?[ \t]{0,3}(?P<n2>\d{1,12})(?![\d.])"
     r"|\b(?P<what3>[Ss]teps|[Bb]atches|[Ii]terations)[ _]per[ _]epoch\b[ \t]{0,3}[:=]?[ \t]{0,3}(?P<n3>\d{1,12})(?![\d.])"
 )
-_LENGTH_WORDS = ("umber of", "um_", "Num", "otal", "len(", "per epoch", "per_epoch")
-LENGTH_CLAIM_WORDS = _LENGTH_WORDS  # the torch log's claim needles for such lines
+LENGTH_WORDS = (
+    "umber of",
+    "um_",
+    "Num",
+    "otal",
+    "len(",
+    "per epoch",
+    "per_epoch",
+)  # every length line holds one
 # A rank named inside the line (`Rank = 2, ...`, `rank 3: ...`, `[rank 1]`), for a length line with no prefix.
 _INLINE_RANK = lazy(r"\b[Rr](?:ank|ANK) ?[=:#]? ?(\d{1,6})\b")
 
 
 def length(msg: str) -> tuple[str, int] | None:
     """The loop length one line prints: (what: batches, steps, iterations or samples; n)."""
-    if len(msg) > 2000 or not any(w in msg for w in _LENGTH_WORDS):
+    if len(msg) > 2000 or not any(w in msg for w in LENGTH_WORDS):
         return None
     m = _LENGTH.search(msg)
     if not m:

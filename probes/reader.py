@@ -255,9 +255,7 @@ class Keeper:
         out: list[tuple[int, bytes]] = []
         seen: dict[tuple[bytes, bytes], int] = {}
         for no, ln in self.head:
-            if _COLL in ln and (found := _proc_key(ln)):
-                c = _COMM.search(ln, found[1])
-                key = (found[0], c.group(1) if c else b"")
+            if _COLL in ln and (key := _coll_key(ln)):
                 if seen.get(key, 0) >= COLL_PER_PROCESS:
                     continue
                 seen[key] = seen.get(key, 0) + 1
@@ -418,13 +416,11 @@ class Keeper:
 
     def _coll_line(self, no: int, ln: bytes) -> bytes | None:
         """Keep a collective line among its process's and communicator's last ones; its process key."""
-        found = _proc_key(ln)
-        if not found:
+        key = _coll_key(ln)
+        if not key:
             return None
-        proc, end = found
+        proc = key[0]
         self.procs.add(proc)
-        c = _COMM.search(ln, end)
-        key = (proc, c.group(1) if c else b"")
         dq = self.coll.get(key)
         if dq is None:
             dq = self.coll[key] = collections.deque(maxlen=COLL_PER_PROCESS)
@@ -567,6 +563,15 @@ def _own(buf: bytes | mmap.mmap, lo: int, hi: int) -> tuple[bytes, int, int]:
 
 _PROC_CACHE: dict[bytes, tuple[bytes, int] | None] = {}  # a line's start before ` NCCL ` -> its _proc_key
 _PROC_CACHE_MAX = 4096
+
+
+def _coll_key(ln: bytes) -> tuple[bytes, bytes] | None:
+    """A collective line's process (NCCL's `host:pid:`) and communicator (`comm 0x...`; b"" when not printed)."""
+    found = _proc_key(ln)
+    if not found:
+        return None
+    c = _COMM.search(ln, found[1])
+    return found[0], c.group(1) if c else b""
 
 
 def _proc_key(ln: bytes) -> tuple[bytes, int] | None:

@@ -197,7 +197,7 @@ CLAIM_WORDS = (
     "Exit",
     ",",
     " | ",
-    *counters.LENGTH_CLAIM_WORDS,
+    *counters.LENGTH_WORDS,
 )
 CLAIM_PATTERNS: tuple[str, ...] = (r"^\[?[EWIF]", r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):")
 
