@@ -49,6 +49,10 @@ _RANK_HEADING = lazy(
     r"(?:#{1,6} {1,3}(?=[Rr]))?[Rr]ank[ _#]?(\d{1,6})(?:[ \-][A-Za-z][\w \-]{0,30}?)?(?: ?\([^()]{0,40}\))?"
     r"(?:(?<=\d)|(?<=[\w)]) ?:| ?:)\s*"
 )
+# The same in prose, as people head each dump they paste (`The stack for rank0:`, `py-spy dump of rank 3:`, `rank 1
+# stack trace:`): a short line that ends with a colon and names one rank, and nothing else by number.
+_PROSE_HEADING_RANK = lazy(r"(?i)(?<![\w-])rank[ _#-]?(\d{1,6})(?![\w-])")
+_PROSE_HEADING_MAX = 70
 _POD = lazy(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
 # Ray's actor prefix `(RayTrainWorker pid=615, ip=10.0.0.3) ` (an IPv6 node in brackets: `ip=[fdbd::30f]`), and vLLM's
 # worker processes, which print the same
@@ -270,6 +274,8 @@ class Normaliser:
         elif len(text) <= 90 and "ank" in text[:12] and (h := _RANK_HEADING.fullmatch(text.strip())):
             # `Rank 0 worker:` heads a stack of one of that rank's worker processes, not of the rank's own.
             self._heading_rank = None if _CHILD_WORD.search(text) else int(h.group(1))
+        elif (h := _prose_heading(text)) is not None:
+            self._heading_rank = h
         rank = rank if rank is not None else self._heading_rank
         if _FENCE.match(text):
             self._prompt_host = None  # a fence closes the output the prompt named
@@ -325,6 +331,20 @@ _IF_LIST = lazy(r"(?:NET/Socket|NET/IB|NET/OFI|Bootstrap) ?: ?Using(?: \S{1,300}
 _IF_ENTRY = lazy(r"\s{0,8}(?:\[\d{1,3}\])?[\w.\-]{1,32}:[0-9A-Za-z:.%\-]{2,120}<\d{1,6}>\s*")
 
 
+def _prose_heading(text: str) -> int | None:
+    """The rank a prose heading over a pasted dump names (`The stack for rank0:`), or None."""
+    text = text.strip()
+    if not (8 <= len(text) <= _PROSE_HEADING_MAX and text.endswith(":") and "ank" in text):
+        return None
+    ranks = {int(m.group(1)) for m in _PROSE_HEADING_RANK.finditer(text)}
+    if len(ranks) != 1 or _CHILD_WORD.search(text):
+        return None
+    rank = ranks.pop()
+    # Another number in the line (`rank 0 of 8:`, a time) makes it a message, not a heading.
+    rest = _PROSE_HEADING_RANK.sub("", text)
+    return None if any(c.isdigit() for c in rest) else rank
+
+
 def _if_list(text: str) -> bool:
     return "Using" in text and len(text) <= 4096 and bool(_IF_LIST.search(text))
 
@@ -350,3 +370,90 @@ def continues(text: str, nxt: str) -> bool:
     if _if_list(text):
         return bool(_IF_ENTRY.fullmatch(nxt))
     return nxt[:1].isspace() or nxt.startswith(("WorkNCCL(", "ran for "))
+
+
+# -- a terminal's hard wrap ----------------------------------------------------------------------------------
+#
+# A terminal (or a pager, or a copy out of tmux) that cuts every line at its width W leaves each long message in
+# pieces: every piece but the last exactly W characters long, cut anywhere, mid-word included (`indi` / `cates`), and
+# the next piece starting wherever the cut fell, never with the prefix the message began with. A text so cut says
+# so: its longest lines are all W long and are followed by pieces of another shape. Lines that are merely as long
+# as each other (a table, a run of lines of one format) are followed by lines of their own shape, and are left.
+
+WRAP_MIN, WRAP_MAX = 60, 400  # terminal widths
+WRAP_LOOK = 20_000  # lines of a text looked at to find its width (pasted texts are far shorter)
+_SHAPE_DIGIT, _SHAPE_UPPER, _SHAPE_LOWER = lazy(r"\d"), lazy(r"[A-Z]"), lazy(r"[a-z]")
+
+
+def _shape(text: str) -> str:
+    """A line's opening as a pattern of character classes: `[rank6]:` and `[rank3]:` are one shape."""
+    head = text.lstrip()[:6]
+    return _SHAPE_LOWER.sub("a", _SHAPE_UPPER.sub("A", _SHAPE_DIGIT.sub("9", head)))
+
+
+def _padded(text: str) -> bool:
+    """A piece filled out to the width with blanks (tmux's copy): the message ended in it."""
+    return text.endswith("  ")
+
+
+def _goes_on(piece: str, start: str, nxt: str, starts: frozenset[str] = frozenset()) -> bool:
+    """Does `nxt` continue the message whose piece `piece` (the last so far, W long) began with `start`? Not when it
+    opens the way the text's lines open (`starts`: the shapes of the lines that follow a line shorter than W)."""
+    return (
+        bool(nxt.strip())
+        and not _padded(piece)
+        and not piece.rstrip().endswith(("|", "+"))  # a table's border
+        and not nxt.startswith("  ")  # an indented line is a line of its own (a traceback's frame)
+        and _shape(nxt) != _shape(start)
+        and _shape(nxt) not in starts
+    )
+
+
+def _starts(texts: list[str], width: int) -> frozenset[str]:
+    return frozenset(_shape(texts[i + 1]) for i in range(len(texts) - 1) if len(texts[i]) < width)
+
+
+def hard_wrap_width(texts: list[str]) -> int | None:
+    """The width W a terminal cut this text at, or None when it was not cut: the longest lines, W long, at least
+    three of them (and half of them) followed by a piece that goes on with them, pieces that open in more than one
+    way (a header's fixed next line is a record, not a cut)."""
+    if len(texts) < 4:
+        return None
+    width = max(map(len, texts))
+    if not WRAP_MIN <= width <= WRAP_MAX:
+        return None
+    full = [i for i, t in enumerate(texts[:-1]) if len(t) == width]
+    if len(full) < 3:
+        return None
+    starts = _starts(texts, width)
+    going = [texts[i + 1] for i in full if _goes_on(texts[i], texts[i], texts[i + 1], starts)]
+    if len(going) < 3 or 2 * len(going) < len(full) or len({_shape(t) for t in going}) < 2:
+        return None
+    return width
+
+
+def rejoin_hard_wraps(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Numbered lines with the pieces of each hard-wrapped message joined back into one line (numbered as its
+    first piece); the text unchanged when no terminal cut it."""
+    look = [t for _, t in lines[:WRAP_LOOK]]
+    width = hard_wrap_width(look)
+    if width is None:
+        return lines
+    starts = _starts(look, width)
+    out: list[tuple[int, str]] = []
+    i = 0
+    while i < len(lines):
+        no, start = lines[i]
+        text, piece, last = start, start, no
+        while (
+            len(piece) == width
+            and i + 1 < len(lines)
+            and lines[i + 1][0] == last + 1
+            and _goes_on(piece, start, lines[i + 1][1], starts)
+        ):
+            i += 1
+            last, piece = lines[i]
+            text += piece
+        out.append((no, text))
+        i += 1
+    return out

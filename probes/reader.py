@@ -26,7 +26,7 @@ from typing import BinaryIO
 from hangdx.probes import catalogue as catalogue_mod
 from hangdx.probes import pycode, registry, signals
 from hangdx.probes.model import Evidence, Source
-from hangdx.probes.normalise import Line, Normaliser, continues, joins_next
+from hangdx.probes.normalise import Line, Normaliser, continues, joins_next, rejoin_hard_wraps
 from hangdx.probes.rx import lazy
 
 CHUNK_BYTES = 8 << 20
@@ -715,8 +715,9 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
     norm = Normaliser()
     out: list[Line] = []
     pending: Line | None = None
-    for no, raw in kept:
-        for ln in norm.line(no, raw.decode("utf-8", errors="replace").replace("\x00", "")):
+    texts = [(no, raw.decode("utf-8", errors="replace").replace("\x00", "").rstrip("\r")) for no, raw in kept]
+    for no, text in rejoin_hard_wraps(texts):
+        for ln in norm.line(no, text):
             if pending is not None and not continues(pending.text, ln.text):
                 out.append(pending)
                 pending = None

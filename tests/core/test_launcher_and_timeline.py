@@ -493,6 +493,25 @@ def test_a_heading_names_the_rank_of_the_unprefixed_lines_under_it():
     assert m.line(2, "after it")[0].rank is None
 
 
+def test_a_prose_heading_over_a_dump_names_its_rank():
+    n = Normaliser()
+    # How people head what they paste (pytorch/pytorch#87995: `The stack for rank0:` over a py-spy dump).
+    for i, (head, rank) in enumerate([("The stack for rank0:", 0), ("py-spy dump of rank 3:", 3)]):
+        n.line(10 * i + 1, head)
+        assert n.line(10 * i + 2, "    wait (threading.py:302)")[0].rank == rank
+    # Not headings: two ranks, another number beside the rank, a worker of the rank, a line that does not end
+    # with a colon.
+    for line in (
+        "Stacks of rank 2 and rank 3:",
+        "step 3 on rank 1:",
+        "Rank 0 worker stack:",
+        "rank 1 is stuck here",
+    ):
+        m = Normaliser()
+        m.line(1, line)
+        assert m.line(2, "    wait (threading.py:302)")[0].rank is None, line
+
+
 def test_stacks_under_rank_headings_flush_left_are_each_rank_s(tmp_path):
     # py-spy frames retyped without indentation under a heading per rank: one rank in a barrier, the other
     # preparing its data with Hugging Face datasets' map (the shape of

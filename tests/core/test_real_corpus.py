@@ -82,8 +82,6 @@ KNOWN_MISSES = {
     "gpu_fault__Lightning-AI-pytorch-lightning-18221": "Lightning's start-up lines, then NCCL's set-up lines on one "
     "host and nothing more: read as a set-up that never finished (comm_init_failure, with peer-to-peer named as the "
     "usual cause on one host); the broken GPU peer-to-peer path is the thread's",
-    "dataloader_stall__pytorch-pytorch-87995": "category right; the culprit rank 0 is named only by the poster's "
-    "own words above the dump ('The stack for rank0:'), no emitter's",
     "conditional_collective__pytorch-pytorch-77562": "one rank's watchdog timeout in an all-gather: the waiting "
     "side only (read: unknown, a rank that never joined the usual cause)",
     "conditional_collective__tenstorrent-tt-metal-38695": "the app's own per-rank lines: rank 1 waits for rank 0 "
