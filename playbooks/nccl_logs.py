@@ -67,7 +67,12 @@ def _after_init(facts: Facts, e: LogEvent) -> bool:
 def nccl_setup_failed(facts: Facts) -> Iterator[Match]:
     """Did NCCL itself say that communicator set-up failed (bootstrap, socket interface, ncclCommInitRank)?"""
     events = [
-        e for e in facts.ev.events_of(*_FAILURES) if e.fields.get("stage") == "init" or _after_init(facts, e)
+        e
+        for e in facts.ev.events_of(*_FAILURES)
+        if (e.fields.get("stage") == "init" or _after_init(facts, e))
+        # A failure whose own row reads it as the GPU's or the fabric's (an NVLS multicast call, an ECC error)
+        # happened during set-up, but set-up is not what failed: read as what its row says (as nccl_trace_in_setup).
+        and e.fields.get("signal_category") != "gpu_fault"
     ]
     if not events:
         return

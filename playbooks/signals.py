@@ -657,6 +657,9 @@ def signals(facts: Facts) -> Iterator[Match]:
                 "agrees": agrees,
                 "lead": lead,
                 "observed": all(map(_survivor, events)),
+                # The NVSwitch fabric (its Fabric Manager, NVLink SHARP), not one GPU: fixed on the node, not by a
+                # GPU swap.
+                "fabric": category == "gpu_fault" and all(_kind(e) == "nvswitch_error" for e in events),
             },
             status="failed" if category == "rank_crashed" else None,
             template=PLAYBOOK,

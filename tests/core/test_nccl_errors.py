@@ -347,3 +347,30 @@ def test_only_the_trace_through_init_counts_not_an_earlier_one_of_the_data_path(
     v, _ = verdict(text)
     f = next(f for f in v.findings if f.playbook == "nccl_trace_in_setup")
     assert "out of memory" in f.summary and "Got completion" not in f.summary
+
+
+# -- NVLS set-up: the fabric, not the set-up ---------------------------------------------------------------------
+
+# NVIDIA/nccl#1488 (tests/fixtures/real/gpu_fault__NVIDIA-nccl-1488.log): NVLS multicast failing during
+# communicator init on a node whose Fabric Manager had been restarted without a GPU reset.
+NVLS_1488 = """\
+node23:12098:12141 [2] transport/nvls.cc:244 NCCL WARN Cuda failure 1 'invalid argument'
+node23:12098:12141 [2] NCCL INFO transport/nvls.cc:394 -> 1
+node23:12098:12141 [2] NCCL INFO init.cc:1196 -> 1
+node23:12098:12141 [2] NCCL INFO init.cc:1462 -> 1
+node23:12098:12141 [2] NCCL INFO group.cc:75 -> 1 [Async thread]
+"""
+
+
+def test_a_cuda_failure_in_nvls_set_up_is_the_fabric_not_the_set_up():
+    v, _ = verdict(NVLS_1488)
+    rc = v.root_cause
+    assert rc.category == "gpu_fault" and rc.culprit.hosts == ["node23"]
+    assert "nvidia-fabricmanager" in rc.fix and "NCCL_NVLS_ENABLE=0" in rc.fix
+    assert any("fabric" in s for s in rc.next_steps)
+
+
+def test_out_of_memory_in_nvls_set_up_stays_a_set_up_failure():
+    # cuMemCreate of the multicast buffers failing for want of memory: NCCL's buffers, read by the OOM row.
+    v, _ = verdict(NVLS_1488.replace("Cuda failure 1 'invalid argument'", "Cuda failure 2 'out of memory'"))
+    assert v.root_cause.category == "comm_init_failure"

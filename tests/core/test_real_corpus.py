@@ -37,6 +37,9 @@ def _meta(side: Path) -> dict:
 # answer). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
 # counts them as wrong.
 KNOWN_MISSES = {
+    "comm_init_failure__vllm-project-vllm-3688": "a vLLM worker's ncclUnhandledCudaError whose last error is "
+    "'Cuda failure invalid argument' (read: nothing names a cause); that it was NCCL 2.18's own bug in setting up "
+    "its channels is the thread's",
     "rank_crashed__volcengine-verl-4799": "a Ray worker's traceback word-wrapped at 80 columns throughout (`Traceback "
     "(most` / `recent call last):`, each `File` cut from its path): the Ray prefix is read, the wrapped traceback is "
     "not",
@@ -56,8 +59,6 @@ KNOWN_MISSES = {
     "digest of first frames per trace file (`trace-jean-zay-iam52` then frame names), which is not read",
     "gpu_fault__NVIDIA-nccl-104": "NCCL 1.x's test output (device list, then the results header and nothing): not "
     "read; the PCIe ACS cause is the maintainer's",
-    "gpu_fault__NVIDIA-nccl-1338": "NVLS set-up failing with a CUDA error on every GPU of node2 (read: communicator "
-    "set-up failed on node2); the Fabric Manager / NVSwitch state behind it is the maintainer's reading",
     "p2p_deadlock__horovod-horovod-2601": "Horovod trace lines and one gdb thread spinning in WaitForEvents: no rank "
     "named, and the NCCL 2.8.3 alltoall bug is the maintainer's",
     "p2p_deadlock__meta-pytorch-torchcomms-3095": "inductor's SIMPLE_OVERLAP scheduler lines (a compiler's log): "

@@ -229,13 +229,20 @@ def test_a_message_row_wins_over_the_prefix_row_on_its_line():
 
 @pytest.mark.parametrize("how", ENGINES)
 def test_a_message_told_over_lines_keeps_what_its_strongest_line_says(monkeypatch, how):
-    # c10d's C10D_NCCL_CHECK: the first line names no cause, getNcclErrorDetailStr's line points at the GPU.
-    text = (
+    # c10d's C10D_NCCL_CHECK: the first line and getNcclErrorDetailStr's class name no cause; the CUDA error NCCL
+    # recorded as its last error does (the shape of NovaSky-AI/SkyRL#108: GPUs without peer-to-peer access).
+    head = (
         "torch.distributed.DistBackendError: NCCL error in: /opt/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, "
         "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
         "ncclUnhandledCudaError: Call to CUDA function failed.\n"
     )
-    assert _top(_read(text, monkeypatch, how)).category == "gpu_fault"
+    assert _top(_read(head, monkeypatch, how)).category == "unknown"  # the class alone: a CUDA call failed
+    text = head + "Last error:\nCuda failure 217 'peer access is not supported between these two devices'\n"
+    assert _top(_read(text, monkeypatch, how)).category == "comm_init_failure"
+    oom = head + "Last error:\nCuda failure 'out of memory'\n"
+    assert _top(_read(oom, monkeypatch, how)).category == "comm_init_failure"  # NCCL's buffers, not the GPU
+    ecc = head + "Last error:\nCuda failure 'uncorrectable ECC error encountered'\n"
+    assert _top(_read(ecc, monkeypatch, how)).category == "gpu_fault"
 
 
 @pytest.mark.parametrize("how", ENGINES)
