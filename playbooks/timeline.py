@@ -283,9 +283,15 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
         if end is None or end - at > _TRAILING:
             return  # lines no reader took follow it: the text goes on past that stage
     roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(*kinds) if e.fields.get("root")})
+    one_host = len({e.host for e in stuck if e.host}) == 1
+    if stage == "nccl_setup" and one_host:
+        # On one host the ranks reach each other without a network: a set-up that stops there is, more often than
+        # not, the GPUs' peer-to-peer path (PCIe ACS or the IOMMU redirecting it, GPUs whose P2P the driver offers
+        # but does not deliver; NCCL's troubleshooting guide), the GPUs' side, not the job's set-up.
+        category = "gpu_fault"
     yield Match(
         category,
-        0.4 if category == "comm_init_failure" else 0.45,  # set-up lines may also be all a poster kept
+        0.4 if stage in ("nccl_setup", "store_setup") else 0.45,  # set-up lines may also be all a poster kept
         Culprit(
             ranks=sorted({e.rank for e in stuck if e.rank is not None}),
             hosts=sorted({e.host for e in stuck if e.host}),
@@ -296,7 +302,7 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
             "roots": roots,
             "lines": len(stuck),
             "last": stuck[0].quote.text[:200],
-            "one_host": len({e.host for e in stuck if e.host}) == 1,
+            "one_host": one_host,
         },
         status="hung",
         template="stopped_at_stage",

@@ -37,6 +37,11 @@ def _meta(side: Path) -> dict:
 # answer). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
 # counts them as wrong.
 KNOWN_MISSES = {
+    "comm_init_failure__NVIDIA-nccl-352": "NCCL's start-up lines on one host and nothing after (read: the GPUs' "
+    "peer-to-peer path suspected, gpu_fault, what a set-up stopped on one host most often is); the firewall on the "
+    "pod's eth0 that blocked NCCL's bootstrap sockets is the thread's",
+    "conditional_collective__deepspeedai-DeepSpeed-5066": "every rank shown times out in the same ZeRO-3 all-gather: "
+    "the waiting side only (read: unknown); that MoE experts got no tokens on some ranks is the thread's",
     "comm_init_failure__vllm-project-vllm-3688": "a vLLM worker's ncclUnhandledCudaError whose last error is "
     "'Cuda failure invalid argument' (read: nothing names a cause); that it was NCCL 2.18's own bug in setting up "
     "its channels is the thread's",
@@ -80,9 +85,6 @@ KNOWN_MISSES = {
     "rank_crashed__NVIDIA-nccl-863": "three gdb frames of a process stuck in ncclCommAbort's commReclaim (read as a "
     "wait in the process's own teardown, user_deadlock); that a killed peer blocks that NCCL release's reclaim is "
     "the thread's",
-    "gpu_fault__Lightning-AI-pytorch-lightning-18221": "Lightning's start-up lines, then NCCL's set-up lines on one "
-    "host and nothing more: read as a set-up that never finished (comm_init_failure, with peer-to-peer named as the "
-    "usual cause on one host); the broken GPU peer-to-peer path is the thread's",
     "conditional_collective__pytorch-pytorch-77562": "one rank's watchdog timeout in an all-gather: the waiting "
     "side only (read: unknown, a rank that never joined the usual cause)",
     "conditional_collective__tenstorrent-tt-metal-38695": "the app's own per-rank lines: rank 1 waits for rank 0 "

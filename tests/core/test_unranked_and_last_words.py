@@ -256,6 +256,18 @@ def test_every_process_stopped_inside_nccl_set_up_is_a_set_up_that_never_finishe
     assert "Init COMPLETE" in v.root_cause.summary
 
 
+def test_nccl_set_up_stopped_on_one_host_is_the_gpus_peer_to_peer_path_suspected():
+    # The same stop with every process on one host: the ranks reach each other without a network, and what NCCL's
+    # troubleshooting guide names first there is the GPUs' peer-to-peer path (ACS, the IOMMU).
+    one = "".join(ln for ln in NCCL_SETUP.splitlines(keepends=True) if ln.startswith("node1:"))
+    one += "node1:2302:2391 [1] NCCL INFO NET/Socket : Using [0]eth0:10.1.0.11<0>\n"
+    rc = verdict(one).root_cause
+    assert rc.category == "gpu_fault" and rc.culprit.hosts == ["node1"], rc
+    assert rc.confidence < 0.5 and "suspected" in rc.summary
+    assert "NCCL_P2P_DISABLE=1" in rc.fix
+    assert any("p2pBandwidthLatencyTest" in s for s in rc.next_steps)
+
+
 def test_nccl_set_up_that_completed_or_went_on_is_not_where_the_job_stopped():
     done = "node1:2301:2390 [0] NCCL INFO comm 0x55d0 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
     went_on = (
