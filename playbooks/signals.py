@@ -603,6 +603,14 @@ def signals(facts: Facts) -> Iterator[Match]:
         if not decisive and len(suggestive_only) > 1:
             conf += FIRST_BONUS if category == first else -CONFLICT
         culprit = _culprit(events, category)
+        named_by: list[LogEvent] = []
+        if decisive and not (culprit.ranks or culprit.hosts or culprit.gpus):
+            # The decisive line says how (slurmstepd's `Detected 1 oom_kill event`), a suggestive line of the same
+            # category says who (srun's `error: node7: task 3: Killed`): two lines of one death, the second names it.
+            backing = by_cat.get(category, {}).get("suggestive", [])
+            more = _culprit(backing, category) if backing else Culprit()
+            if more.ranks or more.hosts or more.gpus:
+                culprit, named_by = more, backing[:2]
         if not culprit.ranks:
             culprit.ranks = _the_one_aborted(facts, events)
         if (
@@ -631,7 +639,7 @@ def signals(facts: Facts) -> Iterator[Match]:
             category,
             round(conf, 2),
             culprit,
-            [e.quote for e in events[:6]] + [e.quote for e in waiting[:2]],
+            [e.quote for e in events[:6]] + [e.quote for e in named_by] + [e.quote for e in waiting[:2]],
             {
                 "category": category,
                 "strength": "decisive" if decisive else "suggestive",

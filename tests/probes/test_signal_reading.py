@@ -280,3 +280,19 @@ def test_torchrun_table_signal_line_sigkill_is_a_crash_sigabrt_settles_nothing(m
     assert _top(_read(killed, monkeypatch, how)).category == "rank_crashed"
     aborted = "  traceback : Signal 6 (SIGABRT) received by PID 4412\n"
     assert _top(_read(aborted, monkeypatch, how)).category == "unknown"
+
+
+@pytest.mark.parametrize("how", ENGINES)
+def test_a_decisive_line_that_names_nobody_takes_the_name_a_line_of_the_same_death_gives(monkeypatch, how):
+    # slurmstepd says how the task died (the OOM killer) and names no node; srun's own line for the same step says
+    # which node's task was killed. Both in Slurm's formats (src/srun/srun_job.c, src/plugins/task/cgroup).
+    text = (
+        "srun: error: gpu-node-07: task 3: Killed\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=123456.0\n"
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=123456.0. Some of the step tasks have been OOM "
+        "Killed.\n"
+    )
+    top = _top(_read(text, monkeypatch, how))
+    assert top.category == "rank_crashed" and top.confidence >= 0.8  # the decisive line's weight
+    assert top.culprit.hosts == ["gpu-node-07"]
+    assert any("task 3: Killed" in q.text for q in top.evidence)
