@@ -665,9 +665,10 @@ def signals(facts: Facts) -> Iterator[Match]:
                 "agrees": agrees,
                 "lead": lead,
                 "observed": all(map(_survivor, events)),
-                # The NVSwitch fabric (its Fabric Manager, NVLink SHARP), not one GPU: fixed on the node, not by a
-                # GPU swap.
-                "fabric": category == "gpu_fault" and all(_kind(e) == "nvswitch_error" for e in events),
+                # NCCL's NVLink SHARP set-up failing (its rows only, not an SXid or a switch port down): the
+                # NVSwitch fabric's state (its Fabric Manager), fixed on the node and avoidable by turning NVLS off.
+                "nvls": category == "gpu_fault"
+                and all(str(e.fields.get("signal_row") or "").startswith("nccl.nvls.") for e in events),
             },
             status="failed" if category == "rank_crashed" else None,
             template=PLAYBOOK,

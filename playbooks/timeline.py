@@ -284,11 +284,13 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
             return  # lines no reader took follow it: the text goes on past that stage
     roots = sorted({str(e.fields["root"]) for e in facts.ev.events_of(*kinds) if e.fields.get("root")})
     one_host = len({e.host for e in stuck if e.host}) == 1
-    if stage == "nccl_setup" and one_host:
+    if stage == "nccl_setup" and one_host and _whole_job_on_one_host(facts, stuck):
         # On one host the ranks reach each other without a network: a set-up that stops there is, more often than
         # not, the GPUs' peer-to-peer path (PCIe ACS or the IOMMU redirecting it, GPUs whose P2P the driver offers
         # but does not deliver; NCCL's troubleshooting guide), the GPUs' side, not the job's set-up.
         category = "gpu_fault"
+    else:
+        one_host = False  # one node's output of a bigger job, or one process: its peers may be anywhere
     yield Match(
         category,
         0.4 if stage in ("nccl_setup", "store_setup") else 0.45,  # set-up lines may also be all a poster kept
@@ -307,6 +309,33 @@ def stopped_at_stage(facts: Facts) -> Iterator[Match]:
         status="hung",
         template="stopped_at_stage",
     )
+
+
+_NRANKS = lazy(r"\bn[Rr]anks[ =](\d{1,7})\b")
+
+
+def _whole_job_on_one_host(facts: Facts, stuck: list[LogEvent]) -> bool:
+    """The stuck processes are the whole job, on one host: the lines that name a host all name the same one, NCCL's
+    set-up lines there come from two or more processes or GPUs, and no communicator size or world size goes beyond
+    them (one node's paste of a multi-node job shows one host too)."""
+    hosts = {e.host for e in stuck if e.host}
+    if len(hosts) != 1:
+        return False
+    host = hosts.pop()
+    setup = [e for e in facts.ev.events_of(*_NCCL_SETUP_KINDS) if e.host == host]
+    pids = {e.pid for e in setup if e.pid is not None} | facts.ev.nccl_procs.get(host, set())
+    devs = {d for e in setup if (d := e.fields.get("cuda_dev", e.fields.get("device"))) is not None}
+    ranks = {
+        int(r) for e in facts.ev.events if e.host == host and str(r := e.fields.get("global_rank")).isdigit()
+    }
+    count = max(len(pids), len(devs), len(ranks))
+    if count < 2:
+        return False
+    # The communicator's size as NCCL prints it (`comm 0x.. rank 0 nranks 16 cudaDev 0 ...`, Init START or COMPLETE).
+    sizes = [int(m.group(1)) for e in facts.ev.events if (m := _NRANKS.search(e.quote.text[:2000]))]
+    if facts.world_size:
+        sizes.append(facts.world_size)
+    return all(n <= count for n in sizes)
 
 
 def _in_nccl_setup(facts: Facts, kinds: set[str]) -> bool:

@@ -218,6 +218,9 @@ class Evidence:
     host_problems: list[HostProblem] = field(default_factory=list)
     probed_hosts: list[str] = field(default_factory=list)  # every host a live probe was sent to
     reads: list[str] = field(default_factory=list)  # what the reader read of each text, and what it skipped
+    # NCCL's `host:pid:` prefixes the reader met (a text's head and its collective lines): host -> pids, whatever
+    # their lines became (a topology dump's lines are no event, and still say the process was there).
+    nccl_procs: dict[str, set[int]] = field(default_factory=dict)
     last_lines: dict[str, int] = field(
         default_factory=dict
     )  # each text read: the number of its last non-blank line

@@ -50,8 +50,13 @@ _RANK_HEADING = lazy(
     r"(?:(?<=\d)|(?<=[\w)]) ?:| ?:)\s*"
 )
 # The same in prose, as people head each dump they paste (`The stack for rank0:`, `py-spy dump of rank 3:`, `rank 1
-# stack trace:`): a short line that ends with a colon and names one rank, and nothing else by number.
+# stack trace:`): a short line that ends with its only colon, names one rank and nothing else by number, and says
+# what it heads (a stack, a trace, a dump, a log); a log message that ends with a colon (`Timed out waiting for rank
+# 5:`, `INFO train.py: waiting for rank 0:`) is none.
 _PROSE_HEADING_RANK = lazy(r"(?i)(?<![\w-])rank[ _#-]?(\d{1,6})(?![\w-])")
+_PROSE_HEADING_WHAT = lazy(
+    r"(?i)\b(?:stacks?|traces?|traceback|backtraces?|dumps?|py-?spy|pystack|gdb|threads?|logs?|output)\b"
+)
 _PROSE_HEADING_MAX = 70
 _POD = lazy(r"\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
 # Ray's actor prefix `(RayTrainWorker pid=615, ip=10.0.0.3) ` (an IPv6 node in brackets: `ip=[fdbd::30f]`), and vLLM's
@@ -333,8 +338,12 @@ _IF_ENTRY = lazy(r"\s{0,8}(?:\[\d{1,3}\])?[\w.\-]{1,32}:[0-9A-Za-z:.%\-]{2,120}<
 
 def _prose_heading(text: str) -> int | None:
     """The rank a prose heading over a pasted dump names (`The stack for rank0:`), or None."""
+    if len(text) > 2 * _PROSE_HEADING_MAX:
+        return None
     text = text.strip()
-    if not (8 <= len(text) <= _PROSE_HEADING_MAX and text.endswith(":") and "ank" in text):
+    if not (8 <= len(text) <= _PROSE_HEADING_MAX and text.endswith(":") and text.count(":") == 1):
+        return None
+    if "ank" not in text.lower() or not _PROSE_HEADING_WHAT.search(text):
         return None
     ranks = {int(m.group(1)) for m in _PROSE_HEADING_RANK.finditer(text)}
     if len(ranks) != 1 or _CHILD_WORD.search(text):
@@ -382,6 +391,7 @@ def continues(text: str, nxt: str) -> bool:
 
 WRAP_MIN, WRAP_MAX = 60, 400  # terminal widths
 WRAP_LOOK = 20_000  # lines of a text looked at to find its width (pasted texts are far shorter)
+WRAP_JOIN_MAX = 64 * 1024  # a rejoined line stops growing here, as the reader cuts any line (a folded blob)
 _SHAPE_DIGIT, _SHAPE_UPPER, _SHAPE_LOWER = lazy(r"\d"), lazy(r"[A-Z]"), lazy(r"[a-z]")
 
 
@@ -396,16 +406,16 @@ def _padded(text: str) -> bool:
     return text.endswith("  ")
 
 
-def _goes_on(piece: str, start: str, nxt: str, starts: frozenset[str] = frozenset()) -> bool:
-    """Does `nxt` continue the message whose piece `piece` (the last so far, W long) began with `start`? Not when it
-    opens the way the text's lines open (`starts`: the shapes of the lines that follow a line shorter than W)."""
+def _goes_on(piece: str, start_shape: str, nxt: str, nxt_shape: str, starts: frozenset[str]) -> bool:
+    """Does `nxt` continue the message whose piece `piece` (the last so far, W long) began as `start_shape`? Not when
+    it opens the way the text's lines open (`starts`: the shapes of the lines that follow a line shorter than W)."""
     return (
         bool(nxt.strip())
         and not _padded(piece)
         and not piece.rstrip().endswith(("|", "+"))  # a table's border
         and not nxt.startswith("  ")  # an indented line is a line of its own (a traceback's frame)
-        and _shape(nxt) != _shape(start)
-        and _shape(nxt) not in starts
+        and nxt_shape != start_shape
+        and nxt_shape not in starts
     )
 
 
@@ -426,7 +436,11 @@ def hard_wrap_width(texts: list[str]) -> int | None:
     if len(full) < 3:
         return None
     starts = _starts(texts, width)
-    going = [texts[i + 1] for i in full if _goes_on(texts[i], texts[i], texts[i + 1], starts)]
+    going = [
+        texts[i + 1]
+        for i in full
+        if _goes_on(texts[i], _shape(texts[i]), texts[i + 1], _shape(texts[i + 1]), starts)
+    ]
     if len(going) < 3 or 2 * len(going) < len(full) or len({_shape(t) for t in going}) < 2:
         return None
     return width
@@ -434,7 +448,7 @@ def hard_wrap_width(texts: list[str]) -> int | None:
 
 def rejoin_hard_wraps(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     """Numbered lines with the pieces of each hard-wrapped message joined back into one line (numbered as its
-    first piece); the text unchanged when no terminal cut it."""
+    first piece), up to WRAP_JOIN_MAX characters; the text unchanged when no terminal cut it."""
     look = [t for _, t in lines[:WRAP_LOOK]]
     width = hard_wrap_width(look)
     if width is None:
@@ -445,11 +459,13 @@ def rejoin_hard_wraps(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     while i < len(lines):
         no, start = lines[i]
         text, piece, last = start, start, no
+        start_shape = _shape(start) if len(start) == width else ""
         while (
             len(piece) == width
+            and len(text) < WRAP_JOIN_MAX
             and i + 1 < len(lines)
             and lines[i + 1][0] == last + 1
-            and _goes_on(piece, start, lines[i + 1][1], starts)
+            and _goes_on(piece, start_shape, lines[i + 1][1], _shape(lines[i + 1][1]), starts)
         ):
             i += 1
             last, piece = lines[i]

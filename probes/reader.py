@@ -877,6 +877,10 @@ def read_text(
     for data in chunks:
         keeper.feed(data)
     kept = keeper.close()
+    for proc in keeper.procs:
+        host, _, pid = proc.rstrip(b":").rpartition(b":")
+        if host and pid.isdigit():
+            ev.nccl_procs.setdefault(host.decode("utf-8", "replace"), set()).add(int(pid))
     report = ReadReport(
         src.name,
         total_lines=keeper.lineno,

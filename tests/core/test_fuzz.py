@@ -226,6 +226,8 @@ def _conforms(value: object, hint: object) -> bool:
         return value is None
     if origin is list:
         return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin in (set, frozenset):
+        return isinstance(value, origin) and all(_conforms(v, args[0]) for v in value)
     if origin is dict:
         return isinstance(value, dict) and all(
             _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()

@@ -496,7 +496,9 @@ def test_a_heading_names_the_rank_of_the_unprefixed_lines_under_it():
 def test_a_prose_heading_over_a_dump_names_its_rank():
     n = Normaliser()
     # How people head what they paste (pytorch/pytorch#87995: `The stack for rank0:` over a py-spy dump).
-    for i, (head, rank) in enumerate([("The stack for rank0:", 0), ("py-spy dump of rank 3:", 3)]):
+    for i, (head, rank) in enumerate(
+        [("The stack for rank0:", 0), ("py-spy dump of rank 3:", 3), ("RANK 2 STACK:", 2)]
+    ):
         n.line(10 * i + 1, head)
         assert n.line(10 * i + 2, "    wait (threading.py:302)")[0].rank == rank
     # Not headings: two ranks, another number beside the rank, a worker of the rank, a line that does not end
@@ -504,8 +506,11 @@ def test_a_prose_heading_over_a_dump_names_its_rank():
     for line in (
         "Stacks of rank 2 and rank 3:",
         "step 3 on rank 1:",
-        "Rank 0 worker stack:",
+        "Stack of rank 0 worker:",
         "rank 1 is stuck here",
+        "Timed out waiting for rank 5:",  # a message, not a heading: it heads no stack, trace or dump
+        "INFO train.py: waiting for the dump of rank 0:",
+        "Error on rank 3: RuntimeError:",
     ):
         m = Normaliser()
         m.line(1, line)

@@ -37,9 +37,6 @@ def _meta(side: Path) -> dict:
 # answer). Strict: a case that becomes right fails here until it is taken off this list. bench/accuracy.py --real
 # counts them as wrong.
 KNOWN_MISSES = {
-    "comm_init_failure__NVIDIA-nccl-352": "NCCL's start-up lines on one host and nothing after (read: the GPUs' "
-    "peer-to-peer path suspected, gpu_fault, what a set-up stopped on one host most often is); the firewall on the "
-    "pod's eth0 that blocked NCCL's bootstrap sockets is the thread's",
     "conditional_collective__deepspeedai-DeepSpeed-5066": "every rank shown times out in the same ZeRO-3 all-gather: "
     "the waiting side only (read: unknown); that MoE experts got no tokens on some ranks is the thread's",
     "comm_init_failure__vllm-project-vllm-3688": "a vLLM worker's ncclUnhandledCudaError whose last error is "

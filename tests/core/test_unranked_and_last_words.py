@@ -266,6 +266,15 @@ def test_nccl_set_up_stopped_on_one_host_is_the_gpus_peer_to_peer_path_suspected
     assert rc.confidence < 0.5 and "suspected" in rc.summary
     assert "NCCL_P2P_DISABLE=1" in rc.fix
     assert any("p2pBandwidthLatencyTest" in s for s in rc.next_steps)
+    # One process's lines, or a communicator bigger than what is on that host: one node's paste of a bigger job,
+    # whose peers may be anywhere. A set-up that never finished, as before.
+    single = "".join(ln for ln in one.splitlines(keepends=True) if ":2301:" in ln)
+    assert verdict(single).root_cause.category == "comm_init_failure"
+    bigger = (
+        one
+        + "node1:2301:2390 [0] NCCL INFO ncclCommInitRank comm 0x55d0 rank 0 nranks 16 cudaDev 0 busId 1000 - Init START\n"
+    )
+    assert verdict(bigger).root_cause.category == "comm_init_failure"
 
 
 def test_nccl_set_up_that_completed_or_went_on_is_not_where_the_job_stopped():

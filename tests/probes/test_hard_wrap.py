@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hangdx.playbooks import engine
 from hangdx.probes import reader
 from hangdx.probes.model import Evidence, Source
 from hangdx.probes.normalise import hard_wrap_width, rejoin_hard_wraps
@@ -54,6 +55,14 @@ def test_the_rejoined_message_is_read_by_its_catalogue_row():
     texts = [e.quote.text for e in ev.events]
     assert any("watchdog got stuck for 480 seconds" in t for t in texts)
     assert all(e.rank in (6, None) for e in ev.events)
+
+
+def test_the_verdict_quotes_the_whole_message():
+    ev = Evidence()
+    reader.read_text([VLM_R1_257.encode()], Source("paste.txt"), ev)
+    rc = engine.run(ev).root_cause
+    # What the heartbeat monitor said, whole: cut in seven places, only its first piece would be quoted.
+    assert "watchdog got stuck for 480 seconds" in rc.summary
 
 
 @pytest.mark.parametrize(
