@@ -410,6 +410,7 @@ def _same_number_disagreement(facts: Facts) -> tuple[list[int], list[str], list[
             rank = c.device
         gpu = f"{c.host}:{c.device}" if c.host and c.device is not None else None
         calls[key][who] = (sig, c.quote, rank, gpu)
+    tie: tuple[list[int], list[str], list[Quote], str] | None = None
     for key in sorted(calls, key=lambda k: (k if isinstance(k, int) else k[0], str(k))):
         procs = {w: v for w, v in calls[key].items() if v[0] != "ambiguous"}
         if len(procs) < 2 or len({v[0] for v in procs.values()}) < 2:
@@ -417,6 +418,19 @@ def _same_number_disagreement(facts: Facts) -> tuple[list[int], list[str], list[
         odd = _minority({i: str(v[0]) for i, v in enumerate(procs.values())})
         vals = list(procs.values())
         if not odd or len(odd) == len(vals):
+            if tie is None:
+                # As many processes on one side as on the other (two processes, one call each): they disagree on
+                # the call, which settles the category; which of them diverged, nothing here says.
+                seq = key if isinstance(key, int) else key[0]
+                sides = "; ".join(
+                    dict.fromkeys(", ".join(str(x) for x in v[0] if x is not None) for v in vals)
+                )
+                tie = (
+                    [],
+                    [],
+                    [v[1] for v in vals if v[1]][:4],
+                    f"call #{seq}: {sides}, one process each side",
+                )
             continue
         ranks = sorted({vals[i][2] for i in odd if vals[i][2] is not None})
         gpus = [vals[i][3] for i in odd if vals[i][3]]
@@ -432,7 +446,7 @@ def _same_number_disagreement(facts: Facts) -> tuple[list[int], list[str], list[
             f"call #{seq}: {what} on the odd one{'s' if len(odd) > 1 else ''} out, {common} on the others"
         )
         return ranks, gpus, quotes, detail
-    return None
+    return tie
 
 
 _P2P_OPS = ("send", "recv")
@@ -951,9 +965,18 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
     events = votes(events, "gpu_fault")
     if not events:
         return
+    # A line that names a GPU by its bus id but no host (nvidia-smi's "GPU is lost") is of the host whose own lines
+    # (a kernel log's NVRM lines) name the same bus id, when exactly one does.
+    bus_hosts: dict[str, set[str]] = defaultdict(set)
+    for e in facts.ev.events:
+        if e.host and (b := _bus_key(e.fields.get("bus_id"))):
+            bus_hosts[b].add(e.host)
     by_host: dict[str | None, list[LogEvent]] = defaultdict(list)
     for e in events:
-        by_host[e.host].append(e)
+        host = e.host
+        if host is None and len(known := bus_hosts.get(_bus_key(e.fields.get("bus_id")) or "", set())) == 1:
+            host = next(iter(known))
+        by_host[host].append(e)
     for host, evs in by_host.items():
         xids = sorted({int(e.fields["xid"]) for e in evs if isinstance(e.fields.get("xid"), int)})
         gpus = sorted({str(g) for e in evs if (g := e.fields.get("bus_id") or e.fields.get("gpu"))})
@@ -987,6 +1010,15 @@ def gpu_fault(facts: Facts) -> Iterator[Match]:
             },
             status="hung",
         )
+
+
+_BUS_ID = lazy(r"(?:[0-9a-fA-F]{4,8}:)?([0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?")
+
+
+def _bus_key(bus: object) -> str | None:
+    """A PCI bus id as `bus:device`, whatever its domain and function (`0000:17:00.0`, `00000000:17:00.0`, `17:00`)."""
+    m = _BUS_ID.fullmatch(str(bus).strip()) if bus else None
+    return m.group(1).lower() if m else None
 
 
 def _gpu_severe(e: LogEvent) -> bool:

@@ -345,3 +345,31 @@ def nccl_trace_in_setup(facts: Facts) -> Iterator[Match]:
         },
         status="failed",
     )
+
+
+# Lines that may follow the results' header (a closing fence, a blank) and it still be the end.
+_STALL_TRAILING = 2
+
+
+@playbook("nccl_tests_stalled", order=66)
+def nccl_tests_stalled(facts: Facts) -> Iterator[Match]:
+    """nccl-tests printed its results' header (its communicators made) and not one size's row, and the text ends
+    there: the first collective's warm-up never finished. With every GPU in one process's host, no network is in the
+    path: the GPUs' peer-to-peer path is what NCCL's troubleshooting guide names first (PCIe ACS, the IOMMU)."""
+    for e in facts.ev.events_of("nccl_tests_stalled"):
+        end = facts.ev.last_lines.get(e.quote.source)
+        hosts = [str(h) for h in e.fields.get("hosts") or []]
+        if end is None or end - e.quote.line > _STALL_TRAILING:
+            continue  # lines follow the header: the text goes on
+        if facts.ev.events_of(*_FAILURES) or len(hosts) != 1 or int(e.fields.get("gpus") or 0) < 2:
+            continue  # an error says more; several hosts put a network in the path; one GPU has no peer
+        quotes = [q for q in (e.fields.get("rank_quote"), e.quote) if q is not None]
+        yield Match(
+            "gpu_fault",
+            0.4,
+            Culprit(hosts=hosts),
+            quotes,
+            {"host": hosts[0], "gpus": int(e.fields["gpus"])},
+            status="hung",
+        )
+        return

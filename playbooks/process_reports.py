@@ -112,6 +112,68 @@ def _stacked(facts: Facts, s: ProcessState) -> bool:
     )
 
 
+# The NVIDIA GPU driver's kernel modules (the driver, its unified memory, GPUDirect RDMA's peer-memory clients).
+_GPU_DRIVER_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_modeset", "nv_peer_mem", "nvidia_peermem"})
+
+
+@playbook("blocked_in_gpu_driver", order=56)
+def blocked_in_gpu_driver(facts: Facts) -> Iterator[Match]:
+    """Does a process's kernel stack (`/proc/PID/stack`) run through the NVIDIA driver's modules? A task asleep in
+    the kernel inside the GPU driver (a lock it never gets back, a peer-memory callback that waits on another
+    driver) is held by the driver, not by its peers or its storage: a driver hang, which no signal ends (the task is
+    in uninterruptible sleep) and which a GPU reset or a reboot clears."""
+    held = [
+        s
+        for s in facts.ev.processes
+        if s.kernel_modules and _GPU_DRIVER_MODULES & set(s.kernel_modules) and not _stacked(facts, s)
+    ]
+    # The kernel's own hung-task report says the same when its call trace runs through the driver.
+    for e in facts.ev.events_of("hung_task"):
+        modules = list(dict.fromkeys(f[3] for f in e.fields.get("frames") or [] if f[3]))
+        if _GPU_DRIVER_MODULES & set(modules):
+            frame = next((f for f in e.fields["frames"] if f[3] in _GPU_DRIVER_MODULES), None)
+            held.append(
+                ProcessState(
+                    host=e.host,
+                    pid=e.pid if e.pid is not None else -1,
+                    rank=e.rank,
+                    state="D",
+                    wchan=frame[2] if frame else None,
+                    quote=e.quote,
+                    kernel_modules=modules,
+                )
+            )
+    if not held:
+        return
+    ranks = sorted({s.rank for s in held if s.rank is not None})
+    hosts = sorted({s.host for s in held if s.host})
+    yield Match(
+        "gpu_fault",
+        0.6,
+        Culprit(
+            ranks=ranks,
+            hosts=hosts,
+            processes=[] if ranks else [f"pid {s.pid}" for s in held if s.pid >= 0][:8],
+        ),
+        [s.quote for s in held if s.quote][:6],
+        {
+            "procs": [
+                {
+                    "pid": s.pid if s.pid >= 0 else None,
+                    "rank": s.rank,
+                    "host": s.host,
+                    "wchan": s.wchan,
+                    "modules": list(s.kernel_modules or []),
+                }  # fmt: skip
+                for s in held[:6]
+            ],
+            "n": len(held),
+            "hosts": hosts,
+        },
+        status="hung",
+    )
+
+
 @playbook("blocked_in_kernel", order=57)
 def blocked_in_kernel(facts: Facts) -> Iterator[Match]:
     """Does a process table show a process asleep in the kernel on a file system (D state, an NFS WCHAN)?"""

@@ -290,6 +290,11 @@ _RECEIVERS = frozenset({"rng_state_garbled"})
 _BOTH_ENDS = ("network_fault", "comm_init_failure")
 
 
+def _loopback(host: str) -> bool:
+    """A peer on the loopback interface is on the printer's own machine: the address names no host."""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     """Who the lines name. For a crash, a line that says its peer went away is printed by the survivor: the peer
     it names is the culprit (a host, a rank, or a local rank on the printer's own host); a survivor that names no
@@ -306,7 +311,7 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
             c.ranks = sorted(set(c.ranks) | {r for e in blamed for r in named_ranks(e)})
             c.hosts = sorted(
                 set(c.hosts)
-                | {p for e in blamed if (p := subject_host(e))}
+                | {p for e in blamed if (p := subject_host(e)) and not _loopback(p)}
                 | {e.host for e in local if e.host}
             )
             c.processes = list(
@@ -322,7 +327,7 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     )
     hosts = {e.host for e in speakers if e.host}
     if category in _BOTH_ENDS:
-        hosts |= {p for e in events if (p := peer_host(e))}
+        hosts |= {p for e in events if (p := peer_host(e)) and not _loopback(p)}
     gpus = list(dict.fromkeys(g for e in speakers if (g := _gpu(e))))
     procs = []
     if not ranks:
@@ -665,10 +670,11 @@ def signals(facts: Facts) -> Iterator[Match]:
                 "agrees": agrees,
                 "lead": lead,
                 "observed": all(map(_survivor, events)),
-                # NCCL's NVLink SHARP set-up failing (its rows only, not an SXid or a switch port down): the
-                # NVSwitch fabric's state (its Fabric Manager), fixed on the node and avoidable by turning NVLS off.
-                "nvls": category == "gpu_fault"
-                and all(str(e.fields.get("signal_row") or "").startswith("nccl.nvls.") for e in events),
+                # The NVSwitch fabric's set-up, not a broken part (an SXid or a switch port down): NCCL's NVLink
+                # SHARP set-up failing (fixed on the node, avoidable by turning NVLS off) or the Fabric Manager not
+                # running (the fabric never configured). Each has its own words.
+                "nvls": category == "gpu_fault" and _all_rows(events, "nccl.nvls."),
+                "fabric_manager": category == "gpu_fault" and _all_rows(events, "nvidia.fabricmanager."),
             },
             status="failed" if category == "rank_crashed" else None,
             template=PLAYBOOK,
@@ -716,6 +722,11 @@ def _remote_only(remote: list[LogEvent], context: list[LogEvent]) -> Match:
         status="failed",
         template=PLAYBOOK,
     )
+
+
+def _all_rows(events: list[LogEvent], prefix: str) -> bool:
+    """Every line was read by a catalogue row whose id starts with prefix."""
+    return bool(events) and all(str(e.fields.get("signal_row") or "").startswith(prefix) for e in events)
 
 
 def _lead(events: list[LogEvent], waiting: list[LogEvent], clock: Clock) -> str:

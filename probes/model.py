@@ -104,6 +104,8 @@ class ProcessState:
     # builtin open() leaves no library frame in its stack; its syscall says where it is.
     thread_syscalls: dict[str, str] | None = None
     quote: Quote | None = None  # the line it was read from, when read from a pasted table
+    # The kernel modules of its kernel stack's frames (`/proc/PID/stack`, tagged `[nvidia]`, `[nfs]`), innermost first.
+    kernel_modules: list[str] | None = None
 
 
 @dataclass

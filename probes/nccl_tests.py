@@ -47,6 +47,8 @@ _RANK = lazy(
     r"(?:\s+\[(0x[0-9a-fA-F]{1,8}|[0-9a-fA-F:.]{1,20})\])?\s*(.*)$"
 )
 _COLUMNS = lazy(r"^#\s+size\s+count\s+type\b")
+# The results' column header (writeResultHeader, common.cu): `#       size         count      type   redop ...`.
+_HEADER = lazy(r"^#\s*size\s+count\s+type\b")
 _AVG = lazy(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]{1,20})")
 _OOB = lazy(r"^#\s*Out of bounds values\s*:\s*(\d{1,12})\s+(\w+)")
 # NCCLCHECK's report of an NCCL call that failed (src/common.h): `host: Test NCCL failure common.cu:959 'internal
@@ -129,6 +131,7 @@ class _Run:
         self.quote: Quote | None = None
         self.first: Quote | None = None
         self.last_rank: Quote | None = None  # the device list's last line: communicators are made after it
+        self.header: Quote | None = None  # the results' column header: printed once the communicators exist
 
     @property
     def started(self) -> bool:
@@ -167,6 +170,8 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                 run.quote = q
                 _flush(run, src, ev)
                 run = _Run()
+            elif _HEADER.match(s):
+                run.header = q
             elif (m := _OOB.match(s)) is not None:
                 run.oob = int(m.group(1))
                 if run.oob:
@@ -237,6 +242,18 @@ def _flush(run: _Run, src: Source, ev: Evidence) -> None:
         )
         run.last_rank = None
     if not run.started:
+        if run.header is not None and run.ranks:
+            # The communicators were made and the header printed; not one size's row followed: the warm-up of the
+            # first collective never finished (or the text ends there).
+            hosts = sorted({r["host"] for r in run.ranks.values()})
+            ev.events.append(
+                LogEvent(
+                    "nccl_tests_stalled",
+                    run.header,
+                    host=hosts[0] if len(hosts) == 1 else src.host,
+                    fields={"hosts": hosts, "gpus": len(run.ranks), "rank_quote": run.first},
+                )
+            )
         return
     hosts = sorted({r["host"] for r in run.ranks.values()})
     quote = run.quote or run.first

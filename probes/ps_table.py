@@ -31,12 +31,14 @@ _CMD_COLS = {"COMMAND", "CMD", "ARGS", "COMM"}
 _KSTACK = lazy(
     r"^\[<[0-9a-fA-F]{1,16}>\] (?:\? )?([A-Za-z_][\w.]{0,200})\+0x[0-9a-fA-F]{1,16}/0x[0-9a-fA-F]{1,16}"
 )
+# A frame's module tag, the last thing on its line: `[<0>] nv_get_p2p_free_callback+0x59/0x110 [nv_peer_mem]`.
+_KMODULE = lazy(r"\[([A-Za-z_][\w]{0,63})\]\s*$")
 _PROC_PATH = lazy(r"/proc/(\d{1,10})/(?:task/\d{1,10}/)?stack\b")
 _STATE = lazy(r"^[RSDZTtXIWKPL][<NLsl+]{0,6}$")
 # Scheduler and wait plumbing: a frame of these says the task sleeps, not where.
 _PLUMBING = lazy(
     r"^(?:__schedule|schedule\w*|io_schedule\w*|preempt_schedule\w*|__switch_to\w*|do_wait\w*|wait_woken"
-    r"|wait_for_completion\w*|rwsem_down_\w+|down_read\w*|down_write\w*|__down\w*|__mutex_lock\w*"
+    r"|wait_for_completion\w*|rwsem_down_\w+|down|down_interruptible|down_killable|down_timeout|down_read\w*|down_write\w*|__down\w*|__mutex_lock\w*"
     r"|mutex_lock\w*|__x64_sys_\w+|__se_sys_\w+|__do_sys_\w+|do_syscall_64|entry_SYSCALL_64\w*|ret_from_fork"
     r"|kthread|bit_wait\w*|__wait_on_bit\w*|out_of_line_wait_on_bit\w*|prepare_to_wait\w*)$"
 )
@@ -121,6 +123,9 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
             where = next((f for _, _, f in kstack if not _PLUMBING.match(f)), kstack[0][2])
             no, text, _ = next(k for k in kstack if k[2] == where)
             pid = kpid if kpid is not None else src.pid
+            # The modules its frames are in, innermost first: the drivers and file systems the task waits in (one
+            # asleep on a lock taken inside the NVIDIA driver shows `down` first, then the driver's own frames).
+            modules = list(dict.fromkeys(m.group(1) for _, t, _ in kstack if (m := _KMODULE.search(t))))
             if pid is not None or len(kstack) >= 1:
                 ev.processes.append(
                     ProcessState(
@@ -129,6 +134,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                         rank=src.rank,
                         wchan=where,
                         quote=Quote(src.name, no, text),
+                        kernel_modules=modules or None,
                     )
                 )
         kstack = []

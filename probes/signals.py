@@ -15,7 +15,8 @@ from typing import Any
 
 from hangdx.probes import catalogue
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
-from hangdx.probes.normalise import Line, nccl_origin
+from hangdx.probes.normalise import Line, is_host_label, nccl_origin
+from hangdx.probes.rx import lazy
 
 _STRENGTH_ORDER = {"decisive": 0, "suggestive": 1, "context": 2}
 WRAP_MIN = 30  # a line shorter than this was not cut by a wrap (terminals and chat windows wrap wider)
@@ -201,6 +202,20 @@ def _same_story(h: Hit, events: Iterable[LogEvent]) -> list[LogEvent]:
     return out
 
 
+# A syslog or journal line's header names the host that logged it (`Aug 26 15:28:16 node7 kernel: ...`,
+# `2024-08-26T15:28:16+00:00 node7 systemd[1]: ...`), as the kernel-log parser reads it.
+_SYSLOG_HOST = lazy(
+    r"^(?:(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?)"
+    r"\s{1,4}([A-Za-z0-9][\w.\-]{0,62})\s{1,4}(?:kernel|[\w./\-]{1,64}\[\d{1,10}\]):"
+)
+
+
+def _syslog_host(text: str) -> str | None:
+    m = _SYSLOG_HOST.match(text[:200]) if text[:1].isalnum() else None
+    return m.group(1) if m and is_host_label(m.group(1)) else None
+
+
 def _event(h: Hit, src: Source, marks: dict[str, Any]) -> LogEvent:
     ln, fields = h.line, dict(h.fields)
     origin = nccl_origin(h.text)
@@ -208,7 +223,7 @@ def _event(h: Hit, src: Source, marks: dict[str, Any]) -> LogEvent:
     rank = ln.rank if ln.rank is not None else src.rank
     if rank is None and isinstance(fields.get("rank"), int) and h.row.event not in _RANK_NAMES_OTHERS:
         rank = fields["rank"]
-    host = ln.host or (origin.host if origin else None) or src.host
+    host = ln.host or (origin.host if origin else None) or src.host or _syslog_host(h.text)
     own = fields.get("own_host")  # the printer's host in the line itself (Open MPI's `[host:pid]`)
     if host is None and isinstance(own, str) and not own.isupper():  # `HOST`: a placeholder the poster typed
         host = own
