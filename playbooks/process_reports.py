@@ -143,35 +143,8 @@ def blocked_in_gpu_driver(facts: Facts) -> Iterator[Match]:
                     kernel_modules=modules,
                 )
             )
-    if not held:
-        return
-    ranks = sorted({s.rank for s in held if s.rank is not None})
-    hosts = sorted({s.host for s in held if s.host})
-    yield Match(
-        "gpu_fault",
-        0.6,
-        Culprit(
-            ranks=ranks,
-            hosts=hosts,
-            processes=[] if ranks else [f"pid {s.pid}" for s in held if s.pid >= 0][:8],
-        ),
-        [s.quote for s in held if s.quote][:6],
-        {
-            "procs": [
-                {
-                    "pid": s.pid if s.pid >= 0 else None,
-                    "rank": s.rank,
-                    "host": s.host,
-                    "wchan": s.wchan,
-                    "modules": list(s.kernel_modules or []),
-                }  # fmt: skip
-                for s in held[:6]
-            ],
-            "n": len(held),
-            "hosts": hosts,
-        },
-        status="hung",
-    )
+    if held:
+        yield _blocked("gpu_fault", 0.6, held)
 
 
 @playbook("blocked_in_kernel", order=57)
@@ -192,19 +165,23 @@ def blocked_in_kernel(facts: Facts) -> Iterator[Match]:
         # /proc/PID/stack would say which, so the reading stays modest.
         blocked = [s for s in facts.ev.processes if s.state == "D" and not s.wchan and not _stacked(facts, s)]
         confidence = 0.45
-    if not blocked:
-        return
-    ranks = sorted({s.rank for s in blocked if s.rank is not None})
-    hosts = sorted({s.host for s in blocked if s.host})
-    yield Match(
-        "io_stall",
+    if blocked:
+        yield _blocked("io_stall", confidence, blocked)
+
+
+def _blocked(category: str, confidence: float, procs: list[ProcessState]) -> Match:
+    """Processes asleep in the kernel: the ranks among them (else their pids) and their hosts, each with where."""
+    ranks = sorted({s.rank for s in procs if s.rank is not None})
+    hosts = sorted({s.host for s in procs if s.host})
+    return Match(
+        category,
         confidence,
         Culprit(
             ranks=ranks,
             hosts=hosts,
-            processes=[] if ranks else [f"pid {s.pid}" for s in blocked if s.pid >= 0][:8],
+            processes=[] if ranks else [f"pid {s.pid}" for s in procs if s.pid >= 0][:8],
         ),
-        [s.quote for s in blocked if s.quote][:6],
+        [s.quote for s in procs if s.quote][:6],
         {
             "procs": [
                 {
@@ -213,10 +190,11 @@ def blocked_in_kernel(facts: Facts) -> Iterator[Match]:
                     "host": s.host,
                     "state": s.state,
                     "wchan": s.wchan,
+                    "modules": list(s.kernel_modules or []),
                 }  # fmt: skip
-                for s in blocked[:6]
+                for s in procs[:6]
             ],
-            "n": len(blocked),
+            "n": len(procs),
             "hosts": hosts,
         },
         status="hung",
