@@ -516,7 +516,7 @@ def _the_host(facts: Facts) -> str | None:
     if len(hosts) != 1:
         return None
     host = next(iter(hosts))
-    return host if _SAFE_NAME.fullmatch(host) and host not in ("localhost", "127.0.0.1") else None
+    return host if _SAFE_NAME.fullmatch(host) and not _loopback(host) else None
 
 
 def _one_host(facts: Facts) -> bool:

@@ -47,8 +47,6 @@ _RANK = lazy(
     r"(?:\s+\[(0x[0-9a-fA-F]{1,8}|[0-9a-fA-F:.]{1,20})\])?\s*(.*)$"
 )
 _COLUMNS = lazy(r"^#\s+size\s+count\s+type\b")
-# The results' column header (writeResultHeader, common.cu): `#       size         count      type   redop ...`.
-_HEADER = lazy(r"^#\s*size\s+count\s+type\b")
 _AVG = lazy(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]{1,20})")
 _OOB = lazy(r"^#\s*Out of bounds values\s*:\s*(\d{1,12})\s+(\w+)")
 # NCCLCHECK's report of an NCCL call that failed (src/common.h): `host: Test NCCL failure common.cu:959 'internal
@@ -170,7 +168,7 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
                 run.quote = q
                 _flush(run, src, ev)
                 run = _Run()
-            elif _HEADER.match(s):
+            elif _COLUMNS.match(s):  # the results' column header (writeResultHeader, common.cu)
                 run.header = q
             elif (m := _OOB.match(s)) is not None:
                 run.oob = int(m.group(1))
