@@ -120,8 +120,6 @@ KNOWN_MISSES = {
     "...') only: no emitter's line, and that the sampler's worker processes hung is the thread's (num_workers 0 fixed it)",
     "comm_init_failure__pytorch-pytorch-52916": "category right; the culprit rank 1 is named only by the program's "
     "own print '[ 10330 ] world_size = 2, rank = 1' tying pid 10330 to rank 1 (NCCL's lines name the pid)",
-    "conditional_collective__lifeiteng-vall-e-86": "the trainer's own '(r/w) Reaches end of dataloader' lines from "
-    "half the ranks: an app's message with its rank inside the line, not read as uneven data",
     "io_stall__marin-community-marin-8534": "a timeline the poster wrote by hand ('task 12 still reading'): no "
     "emitter's line",
     "conditional_collective__pytorch-pytorch-141069": "only the waiting side's watchdog timeouts on a 1-element "
