@@ -352,3 +352,55 @@ def gpus_spinning(facts: Facts) -> Iterator[Match]:
         status="hung",
         template="gpus_spinning",
     )
+
+
+# -- unranked processes waiting in different collectives --------------------------------------------------------
+
+
+@playbook("unranked_elsewhere", order=59)
+def unranked_elsewhere(facts: Facts) -> Iterator[Match]:
+    """Dumps that name no rank, each of a process waiting in a collective, but not in the same one: who diverged?
+
+    Every rank of a collective calls it from the same line of the program; processes of one job blocked in
+    collectives called from different places (one in `all_reduce` under a prefetch check, the others in a
+    `broadcast` of the next iteration) have issued different sequences of collectives, and each waits for peers
+    that will never call what it called. With ranks this is rank_elsewhere; without them the process is named
+    as its dump names it, and only when it stands alone against two or more that agree."""
+    procs = seen_processes(facts)
+    if len(procs) < 2 or any(p.rank is not None for p in procs) or facts.ranks:
+        return
+    if not all(p.location and p.location.kind == "collective" and p.location.call_site for p in procs):
+        return
+    sites: dict[str, list[Process]] = defaultdict(list)
+    for p in procs:
+        sites[p.location.call_site].append(p)  # type: ignore[union-attr,index]
+    if len(sites) < 2:
+        return  # one call site: the same collective, waiting for a peer not seen (one_process says so)
+    groups = sorted(sites.values(), key=len)
+    odd = groups[0] if len(groups) == 2 and len(groups[0]) == 1 and len(groups[1]) >= 2 else []
+    named = [p for p in odd if p.pid is not None or p.host]
+    yield Match(
+        "conditional_collective",
+        0.6,
+        Culprit(
+            hosts=sorted({p.host for p in odd if p.host}),
+            processes=[p.name() for p in named],
+        ),
+        [p.location.quote for p in procs if p.location and p.location.quote][:4],
+        {
+            "where": [
+                {"who": _dump_name(p, i), "what": p.location.describe()}  # type: ignore[union-attr]
+                for i, p in enumerate(procs, 1)
+            ][:6],
+            "odd": [p.name() for p in named],
+            "n": len(procs),
+            "sites": len(sites),
+        },
+        status="hung",
+        template="unranked_elsewhere",
+    )
+
+
+def _dump_name(p: Process, i: int) -> str:
+    """A process as its dump names it, or by the dump's place in the text when it names nothing."""
+    return p.name() if p.pid is not None or p.host else f"the process of dump {i}"

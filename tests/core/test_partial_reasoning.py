@@ -302,3 +302,47 @@ def test_two_causes_nearly_as_likely_are_each_less_sure_and_the_words_name_both(
     sure = Finding("rank_exception", "rank_crashed", 0.7, "Rank 1 raised.", Culprit(ranks=[1]), [], "")
     _close_call([sure, far])
     assert sure.confidence == 0.7 and "Nearly" not in sure.summary
+
+
+def _pyspy(pid: int, frames: list[str]) -> str:
+    """A `py-spy dump --pid PID` of one process, in py-spy's own format."""
+    body = "".join(f"    {f}\n" for f in frames)
+    return (
+        f"Process {pid}: python train.py\nPython v3.10.12 (/usr/bin/python3.10)\n\n"
+        f'Thread {pid} (idle): "MainThread"\n{body}\n'
+    )
+
+
+_STEP_ALLREDUCE = [
+    "all_reduce (torch/distributed/distributed_c10d.py:2050)",
+    "sync_flags (cache.py:196)",
+    "check_prefetch (cache.py:1350)",
+    "train_step (train.py:88)",
+    "<module> (train.py:140)",
+]
+_NEXT_BROADCAST = [
+    "broadcast (torch/distributed/distributed_c10d.py:1906)",
+    "broadcast_object_list (torch/distributed/distributed_c10d.py:2680)",
+    "receive_batch (train.py:61)",
+    "train_step (train.py:80)",
+    "<module> (train.py:140)",
+]
+
+
+def test_unranked_processes_in_collectives_called_from_different_places_diverged(tmp_path):
+    text = _pyspy(4101, _STEP_ALLREDUCE) + "".join(_pyspy(pid, _NEXT_BROADCAST) for pid in (4102, 4103, 4104))
+    rc = _verdict(tmp_path, text).root_cause
+    assert rc.category == "conditional_collective"
+    assert rc.culprit.ranks == [] and rc.culprit.processes == ["pid 4101"]  # the one against three that agree
+
+
+def test_two_unranked_processes_in_different_collectives_name_neither(tmp_path):
+    text = _pyspy(4101, _STEP_ALLREDUCE) + _pyspy(4102, _NEXT_BROADCAST)
+    rc = _verdict(tmp_path, text).root_cause
+    assert rc.category == "conditional_collective" and rc.culprit.processes == []
+
+
+def test_unranked_processes_in_the_same_collective_are_not_a_divergence(tmp_path):
+    text = "".join(_pyspy(pid, _NEXT_BROADCAST) for pid in (4101, 4102))
+    rc = _verdict(tmp_path, text).root_cause
+    assert rc.category != "conditional_collective"

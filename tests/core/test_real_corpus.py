@@ -94,8 +94,8 @@ KNOWN_MISSES = {
     "ProcessID=..., ThreadID=...', 'File: \"...\", line N, in f'), read now, but cut above the frame that waits "
     "(read: unknown)",
     "conditional_collective__sgl-project-sglang-22607": "two py-spy stacks pasted without their process and thread "
-    "lines (read now, as processes of no named rank: unknown), their ranks named only in the poster's prose ('TP0 "
-    "stuck forever in:', 'TP1-3 ... waiting in:')",
+    "lines: the category is right (two collectives called from different places), but the culprit is named only in "
+    "the poster's prose ('TP0 stuck forever in:', 'TP1-3 ... waiting in:')",
     "rank_crashed__haotian-liu-LLaVA-447": "watchdog timeouts with ranks 6 and 7 three collectives behind the others "
     "(read: conditional_collective [6, 7], what the text shows); the device-side assert on a rank that then died "
     "is the thread's",
