@@ -83,7 +83,7 @@ _LOG_RANK = lazy(
     + r"(?:\[[\w.\-]{1,128}:\d{1,6}(?::\w{1,128})?\] {1,2})?\[[Rr]ank(?:: ?|=| )(\d{1,6})\] (?=\S)"
 )
 # icefall's and its recipes' logger (icefall/utils.py setup_logger: `%(asctime)s %(levelname)s
-# [%(filename)s:%(lineno)d] ({rank}/{world_size}) %(message)s`): the rank and the world size after `[file:line]`.
+# [%(filename)s:%(lineno)d] ({rank}/{world_size}) %(message)s`): the rank after `[file:line]`, when its world size allows it.
 _ICEFALL_RANK = lazy(_LOG_HEADER + r"\[[\w.\-]{1,128}:\d{1,6}\] \((\d{1,6})/(\d{1,6})\) ")
 _RFC3339 = lazy(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
 _GUTTER = lazy(r"\[(\d{1,9})\] ")
