@@ -378,10 +378,48 @@ def _if_list(text: str) -> bool:
     return "Using" in text and len(text) <= 4096 and bool(_IF_LIST.search(text))
 
 
+# A Python traceback's own lines (traceback.format_list: `  File "{}", line {}, in {}`; the header `Traceback (most
+# recent call last):`) cut by a word wrap: a window or a page that breaks lines at spaces leaves `File` or
+# `Traceback (most` alone on a line and the rest on the next. A line that is only such a beginning is always a cut.
+_TB_PARTIAL = lazy(
+    r"\s{0,16}(?:Traceback(?: \(most(?: recent(?: call)?)?)?"
+    r'|File(?: "[^"\n]{1,1024}"(?:,(?: line(?: \d{1,9}(?:,(?: in)?)?)?)?)?)?)'
+)
+_TB_WHOLE = lazy(
+    r'\s{0,16}(?:Traceback \(most recent call last\):|File "[^"\n]{1,1024}", line \d{1,9}, in \S.{0,1024})'
+)
+
+
+# The exception line that ends a traceback, cut after its type (`AssertionError:` alone, the message on the next).
+_EXC_TYPE_ALONE = lazy(r"[A-Za-z_][\w.]{0,200}(?:Error|Exception|Interrupt|Exit|Failure):")
+
+
+def traceback_cut(text: str) -> bool:
+    """Is this line only the beginning of a traceback's header or frame line, or an exception's type without its
+    message, cut by a word wrap?"""
+    if len(text) > 1100:
+        return False
+    if ("File" in text or "Traceback" in text) and _TB_PARTIAL.fullmatch(text):
+        return True
+    return text.endswith(":") and bool(_EXC_TYPE_ALONE.fullmatch(text))
+
+
+def traceback_goes_on(text: str, nxt: str) -> bool:
+    """Does `nxt` finish (or carry on) the traceback line `text` was cut from?"""
+    if text.endswith(":") and _EXC_TYPE_ALONE.fullmatch(text):
+        # Its message: words, not the table or banner some exceptions print under their type (torchrun's
+        # ChildFailedError and its `=====` rule).
+        return nxt[:1].isalnum() and not traceback_cut(nxt)
+    joined = text.rstrip() + " " + nxt.strip()
+    return bool(_TB_WHOLE.fullmatch(joined) or _TB_PARTIAL.fullmatch(joined))
+
+
 def joins_next(text: str) -> bool:
     """True when a line was cut by a wrap and continues on the next one."""
     if len(text) > 4096:
         return False
+    if traceback_cut(text):
+        return True
     if any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")"):
         return True
     if _if_list(text):
@@ -394,6 +432,8 @@ def continues(text: str, nxt: str) -> bool:
     """Does `nxt` go on with the wrapped `text`? A cut-open parenthesis always does; an NCCL interface list only
     with one more `[N]name:address<port>`; an unfinished watchdog message only with its own parts (`WorkNCCL(...)`,
     `ran for ...`) or an indented line."""
+    if traceback_cut(text):
+        return traceback_goes_on(text, nxt)
     if any(h in text for h in _WRAPPED_HEADS) and text.count("(") > text.count(")"):
         return True
     if _if_list(text):

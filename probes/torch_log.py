@@ -12,6 +12,7 @@ Either parser reads both kinds of line, so the choice only names the file.
 
 from __future__ import annotations
 
+import keyword
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -966,11 +967,17 @@ def _traceback(ln: _Line, st: _State) -> None:
     if f:
         tb["frames"].append(f"{f['file']}:{f['line']} in {f['func']}")
         tb.setdefault("where", []).append((f["func"], f["file"], int(f["line"]), ln))
+        tb["source_lines"] = 0
         return
     if not body.strip() or body[:1].isspace():
         return  # source lines and carets
-    del st.tb[key]
     m = _EXC_LINE.match(body.rstrip())
+    if tb.get("source_lines", _SOURCE_LINES) < _SOURCE_LINES and _source_line(body, m):
+        # A frame's source line (and its carets) that lost its indentation: a paste that strips leading blanks
+        # (a launcher's prefix taken off, a word wrap), not the exception that ends the traceback.
+        tb["source_lines"] += 1
+        return
+    del st.tb[key]
     if not m or m["type"].endswith("ChildFailedError"):
         return  # torchrun's own ChildFailedError: its table is read as torchrun_failure
     e = _add(
@@ -985,6 +992,22 @@ def _traceback(ln: _Line, st: _State) -> None:
         st.last_exc[key] = e
     if m["type"] == "KeyboardInterrupt" and tb.get("where"):
         _interrupted(st, tb["where"], ln, key)
+
+
+# Lines after a frame that are its source, when indentation was lost: the statement (word-wrapped, up to two
+# pieces) and Python 3.11's carets.
+_SOURCE_LINES = 3
+
+
+def _source_line(body: str, exc: re.Match[str] | None) -> bool:
+    """Is this unindented line after a frame its source line, not an exception? Code (`self.f(x)`, `x = y`), a
+    statement keyword (`raise`, `return`), or carets; never `Type: message` or a bare exception type."""
+    text = body.strip()
+    if set(text) <= set("^~ "):
+        return True
+    if exc is None:
+        return True
+    return keyword.iskeyword(exc["type"].split(".")[0])
 
 
 def _cut_traceback(st: _State, tb: dict, rank: int | None) -> None:

@@ -45,9 +45,6 @@ KNOWN_MISSES = {
     "comm_init_failure__vllm-project-vllm-3688": "a vLLM worker's ncclUnhandledCudaError whose last error is "
     "'Cuda failure invalid argument' (read: nothing names a cause); that it was NCCL 2.18's own bug in setting up "
     "its channels is the thread's",
-    "rank_crashed__volcengine-verl-4799": "a Ray worker's traceback word-wrapped at 80 columns throughout (`Traceback "
-    "(most` / `recent call last):`, each `File` cut from its path): the Ray prefix is read, the wrapped traceback is "
-    "not",
     "conditional_collective__lucidrains-audiolm-pytorch-279": "rank 6's lone BROADCAST timeout after the main "
     "process's own `0: saving to .../results` line (read: unknown); that only the main process ran the sampling "
     "forward pass is the thread's",
