@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts, RankView, call_site, row_vote, user_frame, votes, watchdog_abort
+from hangdx.playbooks.signals import _loopback as loopback
 from hangdx.playbooks.signals import (
     aborted,
     after_a_crash,
@@ -1246,16 +1247,24 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
     if not own:
         return
     e = own[-1]  # the last uncaught exception: the one the process ended on
+    peer = _peer_of(e)
     yield Match(
         "rank_crashed",
         0.5,
-        Culprit(hosts=sorted(set(_hosts_of_events([e])) | set(_hosts_told_around(facts, e)))),
+        Culprit(
+            hosts=sorted(set(_hosts_of_events([e])) | set(_hosts_told_around(facts, e))),
+            processes=[f"{peer} pid {e.fields['peer_pid']}"]
+            if peer and isinstance(e.fields.get("peer_pid"), int)
+            else [],
+        ),
         [e.quote] + [t.quote for t in timeouts[:2]],
         {
             "exc": e.quote.text,
             "exc_type": str(e.fields.get("exc_type", "")),
             "survivors": sorted({t.rank for t in timeouts if t.rank is not None}),
             "oom": "OutOfMemory" in str(e.fields.get("exc_type", "")),
+            "peer": peer,
+            "peer_pid": e.fields.get("peer_pid") if peer else None,
         },
         status="failed",
         template="process_raised",
@@ -1268,12 +1277,19 @@ _MESSAGE_LINES = 3  # lines an exception's message may go on for after its first
 _REMOTE_TRACE_LINES = 400  # how far above an exception a remote task's header (RayTaskError) may stand
 
 
+def _peer_of(e: LogEvent) -> str | None:
+    """The node of the process an exception is about when that is another process (Ray's ActorDiedError names the
+    dead actor's `ip:` under its message), never a loopback address."""
+    p = peer_host(e)
+    return p if p and not loopback(p) else None
+
+
 def _hosts_told_around(facts: Facts, e: LogEvent) -> list[str]:
     """Hosts the lines around an exception name as where it happened: a crash line right after it (its message
     going on: Ray's OutOfMemoryError with `Memory on the node (IP: ...)`, the node whose memory monitor killed the
     worker), or the last RayTaskError header above it (`ray::Worker.method() (pid=N, ip=X, ...)`: the remote
     traceback under it, which ends in this exception, ran in that worker on that node)."""
-    out = []
+    out = [p] if (p := _peer_of(e)) else []
     remote: LogEvent | None = None
     for o in facts.ev.events:
         if o is e or o.quote.source != e.quote.source:

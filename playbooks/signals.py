@@ -318,6 +318,11 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
                 dict.fromkeys(
                     c.processes
                     + [f"{e.host + ' ' if e.host else ''}local rank {e.fields['local_rank']}" for e in local]
+                    + [
+                        f"{subject_host(e)} pid {e.fields['peer_pid']}"
+                        for e in blamed
+                        if isinstance(e.fields.get("peer_pid"), int)
+                    ]
                 )
             )[:8]
             return c

@@ -34,12 +34,14 @@ STRENGTHS = ("decisive", "suggestive", "context")
 KEYS = frozenset(
     {"id", "emitter", "source", "pattern", "fields", "event", "category", "strength", "meaning", "examples"}
 )
-OPTIONAL = frozenset({"flags"})
+OPTIONAL = frozenset({"flags", "details"})
+# How many lines after a row's message its `details` patterns are looked for (Ray prints six under its error).
+DETAIL_LINES = 8
 # Fields whose text is a number: parsed to int so that playbooks compare ranks, not strings.
 INT_FIELDS = frozenset(
     {"rank", "pid", "device", "xid", "seq", "port", "exitcode", "signal", "timeout_ms", "size", "world_size",
      "local_rank", "step", "worker", "errno", "gpu", "ran_ms", "timeout_s", "joined", "peer_rank",
-     "last_enqueued", "last_completed", "timeout_rank"}
+     "last_enqueued", "last_completed", "timeout_rank", "peer_pid"}
 )  # fmt: skip
 # Fields whose text is a list of ranks (`[2, 5]`, `{7, 19}`, `0-3, 8`): parsed to a list of ints, so that the ranks a
 # line names (stragglers, ranks that never arrived) can be culprits. `value_ranks` is a list of `value/rank` pairs
@@ -85,6 +87,10 @@ class Row:
     examples: tuple[str, ...]
     flags: str | None = None
     file: str = ""
+    # Lines the emitter prints under its message that name more of what it is about (Ray's ActorDiedError:
+    # `\tpid: N`, `\tip: A`): each a pattern with one named group, matched whole against each of the next
+    # DETAIL_LINES lines of the same process.
+    details: tuple[str, ...] = ()
     _rx: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -98,28 +104,45 @@ class Row:
     def extract(self, line: str) -> dict[str, Any] | None:
         """The row's fields from one line (ints parsed), or None when the row does not match it."""
         m = self.rx.search(line[:MAX_LINE])
-        if not m:
-            return None
-        out: dict[str, Any] = {}
-        for name in self.fields:
-            value = m.group(name)
-            if value is None:
-                continue
-            value = value.strip()
-            if name in RANK_LIST_FIELDS or name == "value_ranks":
-                ranks = rank_list(value, pairs=name == "value_ranks")
-                out[name] = value if ranks is None or name == "value_ranks" else ranks
-                if name == "value_ranks" and ranks:
-                    out["ranks"] = ranks
-                continue
-            if name in INT_FIELDS:
-                try:
-                    out[name] = int(value, 0) if value.lower().startswith("0x") else int(value)
-                except ValueError:
-                    out[name] = value
-            else:
+        return _values(m, self.fields) if m else None
+
+    def detail(self, line: str) -> dict[str, Any]:
+        """The fields one of the lines under the message gives (its `details` patterns, each matched whole)."""
+        text = line.strip()[:MAX_LINE]
+        for pat in self.details:
+            m = _detail_rx(pat).fullmatch(text)
+            if m:
+                return _values(m, tuple(m.groupdict()))
+        return {}
+
+
+@functools.lru_cache(maxsize=256)
+def _detail_rx(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _values(m: re.Match[str], names: tuple[str, ...]) -> dict[str, Any]:
+    """A match's named groups as fields: ints parsed, rank lists read."""
+    out: dict[str, Any] = {}
+    for name in names:
+        value = m.group(name)
+        if value is None:
+            continue
+        value = value.strip()
+        if name in RANK_LIST_FIELDS or name == "value_ranks":
+            ranks = rank_list(value, pairs=name == "value_ranks")
+            out[name] = value if ranks is None or name == "value_ranks" else ranks
+            if name == "value_ranks" and ranks:
+                out["ranks"] = ranks
+            continue
+        if name in INT_FIELDS:
+            try:
+                out[name] = int(value, 0) if value.lower().startswith("0x") else int(value)
+            except ValueError:
                 out[name] = value
-        return out
+        else:
+            out[name] = value
+    return out
 
 
 def rank_list(text: str, pairs: bool = False) -> list[int] | None:
@@ -325,6 +348,7 @@ def check_row(raw: Any, where: str) -> list[str]:
     if not isinstance(fields, list) or list(rx.groupindex) != fields:
         probs.append(f"{where}: fields {fields} != groups {list(rx.groupindex)}")
         fields = [f for f in fields if f in rx.groupindex] if isinstance(fields, list) else []
+    probs += _check_details(raw.get("details"), where)
     examples = raw["examples"]
     if not isinstance(examples, list) or not examples:
         return probs + [f"{where}: no examples"]
@@ -336,6 +360,24 @@ def check_row(raw: Any, where: str) -> list[str]:
         for f in fields if isinstance(fields, list) else []:
             if m.group(f) is None:
                 probs.append(f"{where}: example leaves field {f} empty: {str(line)[:80]!r}")
+    return probs
+
+
+def _check_details(details: Any, where: str) -> list[str]:
+    """A row's `details`: a list of patterns, each with exactly one named group (the field it gives)."""
+    if details is None:
+        return []
+    if not isinstance(details, list) or not details:
+        return [f"{where}: details must be a list of patterns"]
+    probs = []
+    for pat in details:
+        try:
+            rx = re.compile(str(pat))
+        except re.error as e:
+            probs.append(f"{where}: details {str(pat)[:60]!r}: re: {e}")
+            continue
+        if len(rx.groupindex) != 1:
+            probs.append(f"{where}: details {str(pat)[:60]!r} must have one named group")
     return probs
 
 
@@ -354,6 +396,7 @@ def _row(raw: dict, file: str) -> Row:
         examples=tuple(str(x) for x in raw["examples"]),
         flags=flags,
         file=file,
+        details=tuple(str(x) for x in raw.get("details") or ()),
     )
 
 

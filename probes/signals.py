@@ -32,6 +32,7 @@ class Hit:
     text: str  # the line as the row matched it (rejoined when it had been wrapped)
     row: catalogue.Row
     fields: dict[str, Any]
+    details: dict[str, Any] | None = None  # what the lines under the message added (the row's `details`)
 
 
 def current(ev: Evidence) -> catalogue.Catalogue | None:
@@ -126,7 +127,26 @@ def find(cat: catalogue.Catalogue, lines: list[Line]) -> list[Hit]:
     out = []
     for n in sorted(per_line):
         row, fields = _best(per_line[n])
-        out.append(Hit(lines[n], rejoined.get(n, texts[n]), row, fields))
+        details = _details(row, lines, n, per_line) if row.details else None
+        if details:
+            fields = {**details, **fields}
+        out.append(Hit(lines[n], rejoined.get(n, texts[n]), row, fields, details))
+    return out
+
+
+def _details(row: catalogue.Row, lines: list[Line], n: int, per_line: dict) -> dict[str, Any]:
+    """What the lines the emitter prints under line n's message add (the row's `details`): lines of the same
+    process, or of none named, up to the next message a row reads."""
+    out: dict[str, Any] = {}
+    origin = (lines[n].rank, lines[n].host, lines[n].pid, lines[n].label)
+    for k in range(n + 1, min(len(lines), n + 1 + catalogue.DETAIL_LINES)):
+        if k in per_line:
+            break
+        ln = lines[k]
+        if (ln.rank, ln.host, ln.pid, ln.label) not in (origin, (None, None, None, None)):
+            continue
+        for key, value in row.detail(ln.text).items():
+            out.setdefault(key, value)
     return out
 
 
@@ -166,6 +186,8 @@ def apply(hits: list[Hit], src: Source, ev: Evidence, events_before: int, colls_
                         e.fields[k] = v
                     else:
                         e.fields.setdefault(k, v)
+                for k, v in (h.details or {}).items():
+                    e.fields.setdefault(k, v)  # the parser read the message's line, not the lines under it
             added += 1
             continue
         if h.line.no in coll_lines:
