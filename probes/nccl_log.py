@@ -283,9 +283,7 @@ def split_numbered(numbered: list[tuple[int, str]]) -> tuple[list[NcclLine], lis
         nl = (_CLAIMED.pop(ln, None) or match_line(ln)) if maybe else None
         if nl:
             nl.lineno = i
-            if (
-                len(item) > 2
-            ):  # the reader read the prefixes and kept their rank (a torchrun local rank: none)
+            if nl.rank_prefix is None and len(item) > 2:  # the reader took the prefix off and kept its rank
                 nl.rank_prefix = item[2]  # type: ignore[misc]
             nccl.append(nl)
         else:

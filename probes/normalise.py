@@ -11,7 +11,7 @@ printed it and attributed to the process that printed it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hangdx.probes.naming import host_from_path, rank_from_name
 from hangdx.probes.rx import lazy
@@ -532,33 +532,4 @@ def rejoin_hard_wraps(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
             text += piece
         out.append((no, text))
         i += 1
-    return out
-
-
-# -- torchrun's local ranks -----------------------------------------------------------------------------------
-#
-# torchrun's tee prefix `[{role}{local_rank}]:` (torch/distributed/elastic/multiprocessing/api.py, the default
-# when no log_line_prefix_template is given) names the process's LOCAL rank: on a job of several nodes every node
-# has a `[default0]:`. It is the rank only where the lines themselves show local and global ranks agree (c10d's own
-# `[Rank N]` in a `[defaultN]:` line), and none disagree; otherwise the line names no rank, and the host it was
-# printed on (when the text gives one) names the process.
-_C10D_RANK = lazy(r"\[(?:PG [^\]]{0,200}?)?Rank (\d{1,9})\]")
-
-
-def local_ranks(lines: list[Line]) -> list[Line]:
-    """The lines with torchrun's `[defaultN]:` local rank kept as their rank only where the text shows it is."""
-    local = [i for i, ln in enumerate(lines) if ln.rank is not None and ln.torchrun.startswith("[default")]
-    if not local:
-        return lines
-    agree = disagree = False
-    for i in local:
-        ln = lines[i]
-        m = _C10D_RANK.search(ln.text) if "Rank " in ln.text else None
-        if m:
-            agree, disagree = agree or int(m.group(1)) == ln.rank, disagree or int(m.group(1)) != ln.rank
-    if agree and not disagree:
-        return lines
-    out = list(lines)
-    for i in local:
-        out[i] = replace(out[i], rank=None)
     return out

@@ -26,7 +26,7 @@ from typing import BinaryIO
 from hangdx.probes import catalogue as catalogue_mod
 from hangdx.probes import pycode, registry, signals
 from hangdx.probes.model import Evidence, Source
-from hangdx.probes.normalise import Line, Normaliser, continues, joins_next, local_ranks, rejoin_hard_wraps
+from hangdx.probes.normalise import Line, Normaliser, continues, joins_next, rejoin_hard_wraps
 from hangdx.probes.rx import lazy
 
 CHUNK_BYTES = 8 << 20
@@ -734,7 +734,7 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
             out.append(ln)
     if pending is not None:
         out.append(pending)
-    return local_ranks(out)
+    return out
 
 
 def _same_origin(line: Line, nxt: Line) -> bool:

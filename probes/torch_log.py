@@ -278,9 +278,7 @@ def parse_torch_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence
     for item in numbered:
         lineno, text = item[0], item[1]
         rank, body = strip_rank_prefix(text)
-        if (
-            len(item) > 2
-        ):  # the reader read the launcher's prefixes and kept their rank (a torchrun local rank: none)
+        if rank is None and len(item) > 2:  # the reader took the launcher's prefix off and kept its rank
             rank = item[2]  # type: ignore[misc]
         msg = _LOG_HEADER.sub("", body, count=1)
         ln = _Line(lineno, text, rank, body, msg)

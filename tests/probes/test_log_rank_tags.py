@@ -57,36 +57,3 @@ def test_ranks_whose_data_ran_out_while_others_train_are_uneven_data():
     v = engine.run(ev)
     assert v.root_cause.category == "conditional_collective"
     assert v.root_cause.culprit.ranks == [4, 5, 6, 7]
-
-
-def _ranks(text: str) -> list[int | None]:
-    return [ln.rank for ln in reader.clean(list(enumerate(text.encode().splitlines(), 1)))]
-
-
-_WATCHDOG = (
-    "[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, "
-    "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600094 milliseconds before timing out."
-)
-
-
-def test_torchruns_tee_prefix_is_the_local_rank_alone():
-    # torchrun's `[{role}{local_rank}]:`: on a job of several nodes each node has its own `[default0]:`.
-    text = "[default0]:Caught signal 11 (Segmentation fault)\n[default1]:Traceback (most recent call last):\n"
-    assert _ranks(text) == [None, None]
-
-
-def test_the_local_rank_is_the_rank_where_c10d_says_they_agree():
-    text = "[default0]:Grouping texts in chunks\n[default2]:" + _WATCHDOG.format(r=2) + "\n"
-    assert _ranks(text) == [0, 2]
-
-
-def test_a_local_rank_that_c10d_contradicts_is_no_rank_and_the_message_names_it():
-    text = "[default0]:" + _WATCHDOG.format(r=8) + "\n[default1]:" + _WATCHDOG.format(r=9) + "\n"
-    assert _ranks(text) == [None, None]
-    ev = Evidence()
-    reader.read_text([text.encode()], Source("node1.log"), ev)
-    assert sorted(e.rank for e in ev.events_of("watchdog_timeout")) == [8, 9]
-
-
-def test_the_global_rank_torchrun_also_prints_is_the_rank():
-    assert _ranks("[default0]:[rank12]:" + _WATCHDOG.format(r=12) + "\n") == [12]
