@@ -1247,15 +1247,21 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
     if not own:
         return
     e = own[-1]  # the last uncaught exception: the one the process ended on
+    # An exception about another process (Ray's ActorDiedError names the dead actor's pid and node under its
+    # message): that process is the culprit, not the one that printed it, which survived to say so.
     peer = _peer_of(e)
+    peer_pid = e.fields.get("peer_pid") if isinstance(e.fields.get("peer_pid"), int) else None
+    about_another = peer is not None or peer_pid is not None
     yield Match(
         "rank_crashed",
         0.5,
         Culprit(
-            hosts=sorted(set(_hosts_of_events([e])) | set(_hosts_told_around(facts, e))),
-            processes=[f"{peer} pid {e.fields['peer_pid']}"]
-            if peer and isinstance(e.fields.get("peer_pid"), int)
-            else [],
+            hosts=[peer]
+            if peer
+            else []
+            if about_another
+            else sorted(set(_hosts_of_events([e])) | set(_hosts_told_around(facts, e))),
+            processes=[f"{peer + ' ' if peer else ''}pid {peer_pid}"] if peer_pid is not None else [],
         ),
         [e.quote] + [t.quote for t in timeouts[:2]],
         {
@@ -1263,8 +1269,9 @@ def _process_raised(facts: Facts, timeouts: list[LogEvent]) -> Iterator[Match]:
             "exc_type": str(e.fields.get("exc_type", "")),
             "survivors": sorted({t.rank for t in timeouts if t.rank is not None}),
             "oom": "OutOfMemory" in str(e.fields.get("exc_type", "")),
+            "about_another": about_another,
             "peer": peer,
-            "peer_pid": e.fields.get("peer_pid") if peer else None,
+            "peer_pid": peer_pid,
         },
         status="failed",
         template="process_raised",
@@ -1289,7 +1296,7 @@ def _hosts_told_around(facts: Facts, e: LogEvent) -> list[str]:
     going on: Ray's OutOfMemoryError with `Memory on the node (IP: ...)`, the node whose memory monitor killed the
     worker), or the last RayTaskError header above it (`ray::Worker.method() (pid=N, ip=X, ...)`: the remote
     traceback under it, which ends in this exception, ran in that worker on that node)."""
-    out = [p] if (p := _peer_of(e)) else []
+    out = []
     remote: LogEvent | None = None
     for o in facts.ev.events:
         if o is e or o.quote.source != e.quote.source:

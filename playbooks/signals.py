@@ -295,6 +295,12 @@ def _loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+def _peer_process(e: LogEvent) -> str:
+    """The other process a line is about, by its pid and (not on loopback) its node: Ray's `pid:` and `ip:`."""
+    host = subject_host(e)
+    return f"{host + ' ' if host and not _loopback(host) else ''}pid {e.fields['peer_pid']}"
+
+
 def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     """Who the lines name. For a crash, a line that says its peer went away is printed by the survivor: the peer
     it names is the culprit (a host, a rank, or a local rank on the printer's own host); a survivor that names no
@@ -318,11 +324,7 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
                 dict.fromkeys(
                     c.processes
                     + [f"{e.host + ' ' if e.host else ''}local rank {e.fields['local_rank']}" for e in local]
-                    + [
-                        f"{subject_host(e)} pid {e.fields['peer_pid']}"
-                        for e in blamed
-                        if isinstance(e.fields.get("peer_pid"), int)
-                    ]
+                    + [_peer_process(e) for e in blamed if isinstance(e.fields.get("peer_pid"), int)]
                 )
             )[:8]
             return c

@@ -70,21 +70,26 @@ _RAY = lazy(
 # SGLang's log prefix (python/sglang/srt/utils.py configure_logger: `[%(asctime)s TP3] `): the tensor-parallel
 # rank of the scheduler that printed, read when no DP or PP rank stands beside it; the line keeps its time.
 _SGLANG = lazy(r"\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d )?TP(\d{1,5})(?: EP\d{1,5})?\] ")
-# A logging library's own rank tag, right after the log header it sits in (time, level, `[file:line]`, any of them):
-# DeepSpeed's log_dist (deepspeed/utils/logging.py: `"[Rank {}] {}".format(my_rank, message)` under
-# `[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] `), Lightning's rank_prefixed_message
-# (lightning_fabric/utilities/rank_zero.py: `f"[rank: {rank}] {message}"`), `[rank=3]` loggers.
-_LOG_HEADER = (
-    r"(?:\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?\]? {1,2})?"
-    r"(?:\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]? {1,2})?"
-)
+# A logging library's own rank tag, right after the log header it sits in: DeepSpeed's log_dist
+# (deepspeed/utils/logging.py: `"[Rank {}] {}".format(my_rank, message)` under `[%(asctime)s] [%(levelname)s]
+# [%(filename)s:%(lineno)d:%(funcName)s] `), `[rank=3]` loggers. The header must be there (a time, a level or a
+# `[file:line]`): a bare `[Rank 3] ...` is as often a message about rank 3 (c10d's, a rank 0 printing the others'
+# figures). Lightning's rank_prefixed_message (lightning_fabric/utilities/rank_zero.py: `f"[rank: {rank}] {message}"`)
+# opens the message itself, so its tag is read with or without a header. The tag names the global rank, so it
+# wins over torchrun's `[defaultN]:`, which is the local one.
+_TIME = r"\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?\]? {1,2}"
+_LEVEL = r"\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]? {1,2}"
+_SRC = r"\[[\w.\-]{1,128}:\d{1,6}(?::\w{1,128})?\] {1,2}"
 _LOG_RANK = lazy(
-    _LOG_HEADER
-    + r"(?:\[[\w.\-]{1,128}:\d{1,6}(?::\w{1,128})?\] {1,2})?\[[Rr]ank(?:: ?|=| )(\d{1,6})\] (?=\S)"
+    rf"(?:(?:{_TIME}(?:{_LEVEL})?(?:{_SRC})?|{_LEVEL}(?:{_SRC})?|{_SRC})\[[Rr]ank(?:: ?|=| )|\[rank: ?)(\d{{1,6}})\] (?=\S)"
 )
 # icefall's and its recipes' logger (icefall/utils.py setup_logger: `%(asctime)s %(levelname)s
-# [%(filename)s:%(lineno)d] ({rank}/{world_size}) %(message)s`): the rank after `[file:line]`, when its world size allows it.
-_ICEFALL_RANK = lazy(_LOG_HEADER + r"\[[\w.\-]{1,128}:\d{1,6}\] \((\d{1,6})/(\d{1,6})\) ")
+# [%(filename)s:%(lineno)d] ({rank}/{world_size}) %(message)s`): the rank after that whole header, when its world
+# size allows it.
+_ICEFALL_RANK = lazy(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \[[\w.\-]{1,128}:\d{1,6}\] "
+    r"\((\d{1,6})/(\d{1,6})\) "
+)
 _RFC3339 = lazy(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? ")
 _GUTTER = lazy(r"\[(\d{1,9})\] ")
 # NCCL's own `[dev] ` before its message when the host:pid:tid part is gone (`[10] NCCL INFO ...`, `[10]
@@ -274,9 +279,10 @@ class Normaliser:
             break
         if rank is None and text.startswith("[") and (m := _SGLANG.match(text)):
             rank = int(m.group(1))
-        if rank is None and "ank" in text[:160] and (m := _LOG_RANK.match(text)):
-            rank = int(m.group(1))
-        if rank is None and ") " in text[:160] and (m := _ICEFALL_RANK.match(text)):
+        if (rank is None or lead.startswith("[default")) and text.find("ank", 0, 160) >= 0:
+            m = _LOG_RANK.match(text)
+            rank = int(m.group(1)) if m else rank
+        if rank is None and text.find(") ", 0, 160) >= 0 and (m := _ICEFALL_RANK.match(text)):
             if int(m.group(1)) < int(m.group(2)):
                 rank = int(m.group(1))
         if text.startswith(">") and (len(text) == 1 or text[1] == " "):

@@ -1000,14 +1000,19 @@ _SOURCE_LINES = 3
 
 
 def _source_line(body: str, exc: re.Match[str] | None) -> bool:
-    """Is this unindented line after a frame its source line, not an exception? Code (`self.f(x)`, `x = y`), a
-    statement keyword (`raise`, `return`), or carets; never `Type: message` or a bare exception type."""
+    """Is this unindented line after a frame its source line, not an exception? It must read as code: a call or an
+    assignment (`self.f(x)`, `x = y`), a statement keyword (`raise`, `return x`), or Python's carets; never `Type:
+    message`, a bare exception type, or a log message that merely follows the traceback."""
     text = body.strip()
     if set(text) <= set("^~ "):
         return True
-    if exc is None:
-        return True
-    return keyword.iskeyword(exc["type"].split(".")[0])
+    if exc is not None:
+        return keyword.iskeyword(exc["type"].split(".")[0])  # `return`, `raise` alone on their line
+    first = text.split(None, 1)[0].rstrip(":")
+    return keyword.iskeyword(first) or "(" in text or bool(_ASSIGN.search(text))
+
+
+_ASSIGN = lazy(r"^[\w.\[\]'\", ]{1,200}(?<![=!<>])=(?!=)")
 
 
 def _cut_traceback(st: _State, tb: dict, rank: int | None) -> None:

@@ -50,9 +50,18 @@ def test_detail_lines_of_another_process_are_not_its():
     assert "10.0.9.9" not in rc.culprit.hosts
 
 
-def test_a_loopback_address_names_no_node():
+def test_a_loopback_address_names_no_node_and_the_pid_still_names_the_process():
     rc = _verdict(ACTOR_DIED.replace("10.0.4.17", "127.0.0.1")).root_cause
     assert rc.category == "rank_crashed" and rc.culprit.hosts == []
+    assert rc.culprit.processes == ["pid 31337"] and "(pid 31337) died" in rc.summary
+
+
+def test_the_driver_that_printed_it_is_not_blamed():
+    # The driver's own lines under Ray's prefix (verl's TaskRunner): it survived to print the error.
+    driver = "(TaskRunner pid=777, ip=10.0.0.1) "
+    text = "".join(driver + line + "\n" for line in ACTOR_DIED.splitlines())
+    rc = _verdict(text).root_cause
+    assert rc.culprit.hosts == ["10.0.4.17"] and rc.culprit.processes == ["10.0.4.17 pid 31337"]
 
 
 ROW = """\

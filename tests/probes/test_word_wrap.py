@@ -64,3 +64,16 @@ def test_a_line_that_only_names_a_file_is_not_joined_to_what_follows():
         "RuntimeError:",
         "=====================",
     ]
+
+
+def test_a_log_message_after_a_cut_traceback_is_not_its_exception():
+    # The traceback ends at a frame (the paste was cut); the lines after it are the program's own messages.
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/train.py", line 120, in <module>\n'
+        "    trainer.fit(model)\n"
+        '  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 1536, in barrier\n'
+        "step 500 done, saving checkpoint\n"
+        "wandb: Waiting for W&B process to finish... (failed 1).\n"
+    )
+    assert [e.fields["exc_type"] for e in _read(text).events_of("exception")] == []
