@@ -361,15 +361,16 @@ def nccl_tests_stalled(facts: Facts) -> Iterator[Match]:
         hosts = [str(h) for h in e.fields.get("hosts") or []]
         if end is None or end - e.quote.line > _STALL_TRAILING:
             continue  # lines follow the header: the text goes on
-        if facts.ev.events_of(*_FAILURES) or len(hosts) != 1 or int(e.fields.get("gpus") or 0) < 2:
+        one_host = e.fields.get("one_host", len(hosts) == 1)
+        if facts.ev.events_of(*_FAILURES) or not one_host or int(e.fields.get("gpus") or 0) < 2:
             continue  # an error says more; several hosts put a network in the path; one GPU has no peer
         quotes = [q for q in (e.fields.get("rank_quote"), e.quote) if q is not None]
         yield Match(
             "gpu_fault",
             0.4,
-            Culprit(hosts=hosts),
+            Culprit(hosts=hosts[:1]),
             quotes,
-            {"host": hosts[0], "gpus": int(e.fields["gpus"])},
+            {"host": hosts[0] if hosts else None, "gpus": int(e.fields["gpus"])},
             status="hung",
         )
         return

@@ -46,7 +46,13 @@ _RANK = lazy(
     r"^#\s*Rank\s+(\d{1,7})(?:\s+Group\s+\d{1,7})?\s+Pid\s+(\d{1,10})\s+on\s+(\S{1,253})\s+device\s+(\d{1,4})"
     r"(?:\s+\[(0x[0-9a-fA-F]{1,8}|[0-9a-fA-F:.]{1,20})\])?\s*(.*)$"
 )
-_COLUMNS = lazy(r"^#\s+size\s+count\s+type\b")
+# NCCL 1.x's tests (nvidia/nccl test/single/*.cu, one process driving every GPU of its host): `#   Rank %2d uses
+# device %2d [0x%02x] %s` per GPU, then the columns `# bytes N type op time algbw busbw res ...`. A paste may have
+# lost the `#` (quoted as markdown instead): these two shapes are specific enough to read without it.
+_RANK_ONE_PROCESS = lazy(
+    r"^#?\s*Rank\s+(\d{1,7})\s+uses device\s+(\d{1,4})(?:\s+\[(0x[0-9a-fA-F]{1,8})\])?\s*(.*)$"
+)
+_COLUMNS = lazy(r"^#?\s*(?:size\s+count\s+type|bytes\s+N\s+type\s+op\s+time)\b")
 _AVG = lazy(r"^#\s*Avg bus bandwidth\s*:\s*([\d.]{1,20})")
 _OOB = lazy(r"^#\s*Out of bounds values\s*:\s*(\d{1,12})\s+(\w+)")
 # NCCLCHECK's report of an NCCL call that failed (src/common.h): `host: Test NCCL failure common.cu:959 'internal
@@ -91,6 +97,8 @@ def sniff(head: bytes) -> int:
         return 90
     if any(_COLUMNS.match(ln.strip()) for ln in rows):
         return 85
+    if sum(1 for ln in rows if _RANK_ONE_PROCESS.match(ln.strip())) >= 2:
+        return 70
     sets = sum(1 for ln in rows if _node_set(ln))
     if sets >= 2 and sets * 10 >= len(rows) * 6:
         return 60
@@ -100,8 +108,10 @@ def sniff(head: bytes) -> int:
 def claims(line: str) -> int:
     """How surely one line is nccl-tests output or a result per node set (see probes/reader.py)."""
     s = line.strip()
+    if _RANK_ONE_PROCESS.match(s) or _COLUMNS.match(s):
+        return 9
     if s.startswith("#"):
-        if _NTHREAD.match(s) or _AVG.match(s) or _RANK.match(s) or _COLUMNS.match(s) or _OOB.match(s):
+        if _NTHREAD.match(s) or _AVG.match(s) or _RANK.match(s) or _OOB.match(s):
             return 9
         return 0
     if _ROW.match(line):
@@ -130,6 +140,7 @@ class _Run:
         self.first: Quote | None = None
         self.last_rank: Quote | None = None  # the device list's last line: communicators are made after it
         self.header: Quote | None = None  # the results' column header: printed once the communicators exist
+        self.one_process = False  # NCCL 1.x's tests: one process drives every GPU, on one host
 
     @property
     def started(self) -> bool:
@@ -146,11 +157,23 @@ def parse_lines(numbered: list[tuple[int, str]], src: Source, ev: Evidence) -> N
         if not s:
             continue
         q = Quote(src.name, no, raw)
-        if s.startswith("#"):
-            if _NTHREAD.match(s) or ((m := _RANK.match(s)) and run.started):
+        if s.startswith("#") or _RANK_ONE_PROCESS.match(s) or _COLUMNS.match(s):
+            one = _RANK_ONE_PROCESS.match(s)
+            if _NTHREAD.match(s) or ((_RANK.match(s) or one) and run.started):
                 _flush(run, src, ev)
                 run = _Run()
-            if (m := _RANK.match(s)) is not None:
+            if one is not None:  # every GPU in the one process that prints: one host, its name not given
+                run.ranks[int(one.group(1))] = {
+                    "host": src.host,
+                    "pid": src.pid,
+                    "device": int(one.group(2)),
+                    "bus_id": one.group(3),
+                    "gpu": one.group(4).strip() or None,
+                }
+                run.one_process = True
+                run.first = run.first or q
+                run.last_rank = q
+            elif (m := _RANK.match(s)) is not None:
                 run.ranks[int(m.group(1))] = {
                     "host": m.group(3),
                     "pid": int(m.group(2)),
@@ -243,17 +266,23 @@ def _flush(run: _Run, src: Source, ev: Evidence) -> None:
         if run.header is not None and run.ranks:
             # The communicators were made and the header printed; not one size's row followed: the warm-up of the
             # first collective never finished (or the text ends there).
-            hosts = sorted({r["host"] for r in run.ranks.values()})
+            hosts = sorted({r["host"] for r in run.ranks.values() if r["host"]})
+            one_host = run.one_process or len({r["host"] for r in run.ranks.values()}) == 1
             ev.events.append(
                 LogEvent(
                     "nccl_tests_stalled",
                     run.header,
                     host=hosts[0] if len(hosts) == 1 else src.host,
-                    fields={"hosts": hosts, "gpus": len(run.ranks), "rank_quote": run.first},
+                    fields={
+                        "hosts": hosts,
+                        "one_host": one_host,
+                        "gpus": len(run.ranks),
+                        "rank_quote": run.first,
+                    },
                 )
             )
         return
-    hosts = sorted({r["host"] for r in run.ranks.values()})
+    hosts = sorted({r["host"] for r in run.ranks.values() if r["host"]})
     quote = run.quote or run.first
     if quote is None:
         return

@@ -79,6 +79,28 @@ def test_nccl_tests_that_never_print_a_size_on_one_host_point_at_the_peer_to_pee
     assert verdict(one_gpu).root_cause.category != "gpu_fault"
 
 
+# NCCL 1.x's tests (nvidia/nccl test/single/*.cu): one process drives every GPU of its host and names no host.
+NCCL1_TESTS_HEAD = """\
+# Using devices
+#   Rank  0 uses device  0 [0x05] Tesla M40 24GB
+#   Rank  1 uses device  1 [0x08] Tesla M40 24GB
+#   Rank  2 uses device  2 [0x83] Tesla M40 24GB
+
+#                                                 out-of-place                    in-place
+#      bytes             N    type      op     time  algbw  busbw      res     time  algbw  busbw      res
+"""
+
+
+def test_nccl_1_tests_stopped_at_their_header_point_at_the_peer_to_peer_path_of_their_one_host():
+    rc = verdict(NCCL1_TESTS_HEAD).root_cause
+    assert rc.category == "gpu_fault" and rc.culprit.hosts == [] and "3 GPUs of one host" in rc.summary
+    # The same text pasted as a markdown quote, its `#` lost.
+    quoted = "".join("> " + ln.lstrip("#") + "\n" for ln in NCCL1_TESTS_HEAD.splitlines())
+    assert verdict(quoted).root_cause.category == "gpu_fault"
+    row = "           8             2   float     sum    0.045    0.00    0.00    0e+00    0.044    0.00    0.00    0e+00\n"
+    assert verdict(NCCL1_TESTS_HEAD + row).root_cause.category != "gpu_fault"
+
+
 def test_horovods_launcher_names_the_rank_that_died_and_loopback_names_no_host():
     # horovod/runner/gloo_run.py's exit report; the survivors' gloo errors name their peer on 127.0.0.1.
     text = (

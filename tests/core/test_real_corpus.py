@@ -59,8 +59,6 @@ KNOWN_MISSES = {
     "weighed",
     "dataloader_stall__bigscience-workshop-bigscience-tr11-chronicles": "category right; the host is named only in a "
     "digest of first frames per trace file (`trace-jean-zay-iam52` then frame names), which is not read",
-    "gpu_fault__NVIDIA-nccl-104": "NCCL 1.x's test output (device list, then the results header and nothing): not "
-    "read; the PCIe ACS cause is the maintainer's",
     "p2p_deadlock__horovod-horovod-2601": "Horovod trace lines and one gdb thread spinning in WaitForEvents: no rank "
     "named, and the NCCL 2.8.3 alltoall bug is the maintainer's",
     "p2p_deadlock__meta-pytorch-torchcomms-3095": "inductor's SIMPLE_OVERLAP scheduler lines (a compiler's log): "
