@@ -14,11 +14,11 @@ from collections.abc import Iterator
 
 from hangdx.playbooks.engine import Match, playbook
 from hangdx.playbooks.facts import Facts, RankView, call_site, row_vote, user_frame, votes, watchdog_abort
-from hangdx.playbooks.signals import _loopback as loopback
 from hangdx.playbooks.signals import (
     aborted,
     after_a_crash,
     flushed,
+    loopback,
     lost_peer,
     own_crashes,
     own_error,
@@ -201,14 +201,14 @@ def never_joined(facts: Facts) -> Iterator[Match]:
         return
     others = sorted(r for r, v in facts.ranks.items() if v.alive and r not in in_init and v.locations)
     late = sorted(set(facts.missing) | set(others))
-    loopback = [e for e in facts.ev.events_of("loopback_fallback") if e.rank is not None]
-    if not late and init_logs and loopback:
+    on_loopback = [e for e in facts.ev.events_of("loopback_fallback") if e.rank is not None]
+    if not late and init_logs and on_loopback:
         # No rank is known to be late: a rank that says it bound to the loopback address is the one its peers
         # (or it, dialling them at 127.0.0.1) cannot reach.
-        late = sorted({e.rank for e in loopback})
+        late = sorted({e.rank for e in on_loopback})
     else:
-        loopback = []
-    evidence = [e.quote for e in loopback[:2]]
+        on_loopback = []
+    evidence = [e.quote for e in on_loopback[:2]]
     evidence += [q for r in in_init[:2] for q in _loc_quote(facts.ranks[r])]
     evidence += [q for r in others for q in _loc_quote(facts.ranks[r])]
     evidence += [e.quote for e in init_logs[:4]]
@@ -230,7 +230,7 @@ def never_joined(facts: Facts) -> Iterator[Match]:
                 (e.fields["unreachable"] for e in init_logs if e.fields.get("unreachable")), None
             ),
             "log_hosts": _hosts_of_events(init_logs),
-            "loopback_ranks": sorted({e.rank for e in loopback}),
+            "loopback_ranks": sorted({e.rank for e in on_loopback}),
         },
         status="hung",
     )

@@ -290,7 +290,7 @@ _RECEIVERS = frozenset({"rng_state_garbled"})
 _BOTH_ENDS = ("network_fault", "comm_init_failure")
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     """A peer on the loopback interface is on the printer's own machine: the address names no host."""
     return host in ("localhost", "::1") or host.startswith("127.")
 
@@ -298,7 +298,7 @@ def _loopback(host: str) -> bool:
 def _peer_process(e: LogEvent) -> str:
     """The other process a line is about, by its pid and (not on loopback) its node: Ray's `pid:` and `ip:`."""
     host = subject_host(e)
-    return f"{host + ' ' if host and not _loopback(host) else ''}pid {e.fields['peer_pid']}"
+    return f"{host + ' ' if host and not loopback(host) else ''}pid {e.fields['peer_pid']}"
 
 
 def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
@@ -317,7 +317,7 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
             c.ranks = sorted(set(c.ranks) | {r for e in blamed for r in named_ranks(e)})
             c.hosts = sorted(
                 set(c.hosts)
-                | {p for e in blamed if (p := subject_host(e)) and not _loopback(p)}
+                | {p for e in blamed if (p := subject_host(e)) and not loopback(p)}
                 | {e.host for e in local if e.host}
             )
             c.processes = list(
@@ -334,7 +334,7 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     )
     hosts = {e.host for e in speakers if e.host}
     if category in _BOTH_ENDS:
-        hosts |= {p for e in events if (p := peer_host(e)) and not _loopback(p)}
+        hosts |= {p for e in events if (p := peer_host(e)) and not loopback(p)}
     gpus = list(dict.fromkeys(g for e in speakers if (g := _gpu(e))))
     procs = []
     if not ranks:
@@ -523,7 +523,7 @@ def _the_host(facts: Facts) -> str | None:
     if len(hosts) != 1:
         return None
     host = next(iter(hosts))
-    return host if _SAFE_NAME.fullmatch(host) and not _loopback(host) else None
+    return host if _SAFE_NAME.fullmatch(host) and not loopback(host) else None
 
 
 def _one_host(facts: Facts) -> bool:

@@ -200,6 +200,13 @@ def same_host(a: str, b: str) -> bool:
     return "." not in short and not short.isdigit() and full.startswith(short + ".") and not full[0].isdigit()
 
 
+def same_origin(line: Line, nxt: Line) -> bool:
+    """Can `nxt` be more of what `line` printed (the rest of a wrapped line, the lines under a message)? Only if it
+    came from the same process, or its prefixes name none (a wrap leaves a launcher's prefix on the first piece)."""
+    theirs = (nxt.rank, nxt.host, nxt.pid, nxt.label)
+    return theirs == (None, None, None, None) or theirs == (line.rank, line.host, line.pid, line.label)
+
+
 def is_host_label(label: str) -> bool:
     if _NOT_HOST.search(label) or label.isupper() or label.isdigit():
         return False

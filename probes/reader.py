@@ -26,7 +26,7 @@ from typing import BinaryIO
 from hangdx.probes import catalogue as catalogue_mod
 from hangdx.probes import pycode, registry, signals
 from hangdx.probes.model import Evidence, Source
-from hangdx.probes.normalise import Line, Normaliser, continues, joins_next, rejoin_hard_wraps
+from hangdx.probes.normalise import Line, Normaliser, continues, joins_next, rejoin_hard_wraps, same_origin
 from hangdx.probes.rx import lazy
 
 CHUNK_BYTES = 8 << 20
@@ -718,9 +718,7 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
     texts = [(no, raw.decode("utf-8", errors="replace").replace("\x00", "").rstrip("\r")) for no, raw in kept]
     for no, text in rejoin_hard_wraps(texts):
         for ln in norm.line(no, text):
-            if pending is not None and (
-                not continues(pending.text, ln.text) or not _same_origin(pending, ln)
-            ):
+            if pending is not None and (not continues(pending.text, ln.text) or not same_origin(pending, ln)):
                 out.append(pending)
                 pending = None
             if pending is not None:
@@ -735,13 +733,6 @@ def clean(kept: Iterable[tuple[int, bytes]]) -> list[Line]:
     if pending is not None:
         out.append(pending)
     return out
-
-
-def _same_origin(line: Line, nxt: Line) -> bool:
-    """Can `nxt` be the rest of `line`? Only if it came from the same process, or its prefix names none (a wrap
-    leaves the launcher's prefix on the first piece alone)."""
-    theirs = (nxt.rank, nxt.host, nxt.pid, nxt.label)
-    return theirs == (None, None, None, None) or theirs == (line.rank, line.host, line.pid, line.label)
 
 
 def by_source(lines: list[Line]) -> dict[tuple, list[Line]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from hangdx.probes import catalogue
 from hangdx.probes.model import Evidence, LogEvent, Quote, Source
-from hangdx.probes.normalise import Line, is_host_label, nccl_origin
+from hangdx.probes.normalise import Line, is_host_label, nccl_origin, same_origin
 from hangdx.probes.rx import lazy
 
 _STRENGTH_ORDER = {"decisive": 0, "suggestive": 1, "context": 2}
@@ -138,14 +138,12 @@ def _details(row: catalogue.Row, lines: list[Line], n: int, per_line: dict) -> d
     """What the lines the emitter prints under line n's message add (the row's `details`): lines of the same
     process, or of none named, up to the next message a row reads."""
     out: dict[str, Any] = {}
-    origin = (lines[n].rank, lines[n].host, lines[n].pid, lines[n].label)
     for k in range(n + 1, min(len(lines), n + 1 + catalogue.DETAIL_LINES)):
         if k in per_line:
             break
-        ln = lines[k]
-        if (ln.rank, ln.host, ln.pid, ln.label) not in (origin, (None, None, None, None)):
+        if not same_origin(lines[n], lines[k]):
             continue
-        for key, value in row.detail(ln.text).items():
+        for key, value in row.detail(lines[k].text).items():
             out.setdefault(key, value)
     return out
 
