@@ -280,7 +280,11 @@ class Cluster:
         authorized = self.root / "authorized_keys"
         shutil.copy(self.key_file + ".pub", authorized)
         known = []
-        master_port = free_port()
+        # The store's port: rank 0's TCPStore listens on every address (0.0.0.0), so the port must be free on the
+        # wildcard, not just on 127.0.0.1, and must not be the nodes' sshd port.
+        master_port = self.port
+        while master_port == self.port:
+            master_port = _common_port(["0.0.0.0"])
         boot_at = time.time()
         try:
             for i, host in enumerate(self.hosts):
