@@ -4,7 +4,7 @@
     python bench/accuracy.py --real      # the real-world corpus instead (bench/real.py)
     python bench/accuracy.py --sealed    # the sealed corpus: counts only, never a case (tests/fixtures/sealed/)
     python bench/accuracy.py --sealed --added-since REV   # only the sealed cases added after REV, counts only
-    python bench/accuracy.py --sealed --pairs    # also the misses counted by (expected, answered) category
+    python bench/accuracy.py --sealed --pairs    # also the misses counted by (expected, answered, shows the cause)
     python bench/accuracy.py --realistic # the held-out realistic training programs (hangdx/zoo/realistic/)
 
 Prints: scenario, expected category, found category, culprit right, seconds from the start of
@@ -95,7 +95,7 @@ def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = Fal
 
     tally: dict[str, list[int]] = {}  # category -> [category right, total, culprit right, culprit named]
     refused = 0  # exit 2: "nothing hangdx can read"
-    missed: dict[tuple[str, str], int] = {}  # (expected, answered) -> how many, for --pairs
+    missed: dict[tuple[str, str, str], int] = {}  # (expected, answered, shows) -> how many, for --pairs
     shows: dict[str, list[int]] = {}  # the annotation artifact_shows_cause -> [category right, total]
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".yaml") or (only is not None and name not in only):
@@ -119,16 +119,18 @@ def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = Fal
             rc = {}
         found = rc.get("category")
         got = rc.get("culprit") or {}
-        if found != expected:
-            key = (expected, "refused (exit 2)" if proc.returncode == 2 else str(found))
-            missed[key] = missed.get(key, 0) + 1
-        row = tally.setdefault(expected, [0, 0, 0, 0])
-        row[0] += found == expected
-        row[1] += 1
+        label = "-"
         if "artifact_shows_cause" in meta:
             label = {True: "yes", False: "no"}.get(
                 meta["artifact_shows_cause"], str(meta["artifact_shows_cause"])
             )
+        if found != expected:
+            key = (expected, "refused (exit 2)" if proc.returncode == 2 else str(found), label)
+            missed[key] = missed.get(key, 0) + 1
+        row = tally.setdefault(expected, [0, 0, 0, 0])
+        row[0] += found == expected
+        row[1] += 1
+        if label != "-":
             by = shows.setdefault(label, [0, 0])
             by[0] += found == expected
             by[1] += 1
@@ -162,10 +164,12 @@ def sealed(folder: str = SEALED, only: set[str] | None = None, pairs: bool = Fal
                 print(f"{label:34} {f'{shows[label][0]}/{shows[label][1]}':>15}")
     if pairs:
         print()
-        print(f"{'expected':24} {'answered instead':24} {'cases':>5}")
-        print("-" * 55)
-        for (want, got), n in sorted(missed.items()):
-            print(f"{want:24} {got:24} {n:>5}")
+        # Each pair once per annotation (yes / partly / no, `-` where the case has none): where the misses the
+        # artifacts do show lie, still counts only.
+        print(f"{'expected':24} {'answered instead':24} {'shows':>6} {'cases':>5}")
+        print("-" * 62)
+        for (want, got, label), n in sorted(missed.items()):
+            print(f"{want:24} {got:24} {label:>6} {n:>5}")
     return 0
 
 

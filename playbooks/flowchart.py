@@ -195,12 +195,14 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     # that was up and went away (broken pipe, reset or closed by the peer) is no set-up failure: its peer ended
     # (the signal catalogue's reading, playbooks/signals.py); a refused or unanswered connect is one.
     init_logs = [e for e in init_logs if e.fields.get("stage") != "data" and not lost_peer(e)]
+    barrier, absent = _init_barrier_waits(facts)
+    init_logs += barrier
     if not in_init and not init_logs:
         return
     if in_init and not _hung(facts):
         return
     others = sorted(r for r, v in facts.ranks.items() if v.alive and r not in in_init and v.locations)
-    late = sorted(set(facts.missing) | set(others))
+    late = sorted(set(facts.missing) | set(others) | set(absent))
     on_loopback = [e for e in facts.ev.events_of("loopback_fallback") if e.rank is not None]
     if not late and init_logs and on_loopback:
         # No rank is known to be late: a rank that says it bound to the loopback address is the one its peers
@@ -231,9 +233,42 @@ def never_joined(facts: Facts) -> Iterator[Match]:
             ),
             "log_hosts": _hosts_of_events(init_logs),
             "loopback_ranks": sorted({e.rank for e in on_loopback}),
+            "barrier": [
+                {"joined": e.fields.get("joined"), "world_size": e.fields.get("world_size")}
+                for e in barrier[-1:]
+            ],
         },
         status="hung",
     )
+
+
+def _init_barrier_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
+    """init_process_group's store barrier still waiting for processes that never arrived, and those processes.
+
+    _store_based_barrier (torch/distributed/distributed_c10d.py) logs its wait every 10 s while fewer than
+    world_size processes have counted themselves in; a key whose barrier is seen completing is not waiting. The
+    ranks that never arrived are named only when every one that did says so (its "Added key ... for rank: N")."""
+    done = {e.fields.get("key") for e in facts.ev.events_of("store_barrier_done")}
+    waits = [
+        e
+        for e in facts.ev.events_of("store_barrier_wait")
+        if e.fields.get("key") not in done
+        and isinstance(e.fields.get("joined"), int)
+        and isinstance(e.fields.get("world_size"), int)
+        and e.fields["joined"] < e.fields["world_size"]
+    ]
+    if not waits:
+        return [], []
+    last = waits[-1]
+    key, size = last.fields.get("key"), last.fields["world_size"]
+    joined = max(e.fields["joined"] for e in waits if e.fields.get("key") == key)
+    added = {
+        e.fields["rank"]
+        for e in facts.ev.events_of("store_barrier_key_added")
+        if e.fields.get("key") == key and isinstance(e.fields.get("rank"), int) and e.fields["rank"] < size
+    }
+    absent = sorted(set(range(size)) - added) if added and len(added) >= joined and size <= 4096 else []
+    return waits, absent
 
 
 @playbook("ddp_unused_parameters", order=30)

@@ -1,0 +1,51 @@
+"""init_process_group's store barrier, as torch/distributed/distributed_c10d.py `_store_based_barrier` logs it.
+
+Each rank that reaches init_process_group logs `Added key: store_based_barrier_key:N to store for rank: R`, then,
+every 10 s while fewer than world_size processes have arrived, `Waiting in store based barrier to initialize process
+group for rank: R, key: ... (world_size=W, worker_count=J, timeout=...)` (`num_workers_joined` since 2.1), and
+`Rank R: Completed store-based barrier for key:... with W nodes.` once all have. The texts below are in that format
+(the `logging` prefix of the INFO lines included), with made-up ranks and sizes.
+"""
+
+from __future__ import annotations
+
+from hangdx.playbooks import engine
+from hangdx.probes import reader
+from hangdx.probes.model import Evidence, Source
+
+PREFIX = "INFO:torch.distributed.distributed_c10d:"
+ADDED = PREFIX + "Added key: store_based_barrier_key:1 to store for rank: {r}\n"
+WAITING = (
+    PREFIX + "Waiting in store based barrier to initialize process group for rank: {r}, key: "
+    "store_based_barrier_key:1 (world_size=4, {joined}=2, timeout=0:30:00)\n"
+)
+DONE = PREFIX + "Rank {r}: Completed store-based barrier for key:store_based_barrier_key:1 with 4 nodes.\n"
+
+
+def _verdict(text: str):
+    ev = Evidence()
+    reader.read_text([text.encode()], Source("train.log"), ev)
+    return engine.run(ev)
+
+
+def test_a_barrier_that_waits_names_the_ranks_that_never_arrived():
+    text = ADDED.format(r=0) + ADDED.format(r=2)
+    text += WAITING.format(r=0, joined="worker_count") + WAITING.format(r=2, joined="worker_count")
+    rc = _verdict(text).root_cause
+    assert rc.category == "comm_init_failure"
+    assert rc.culprit.ranks == [1, 3]
+    assert "2 of 4" in rc.summary
+
+
+def test_without_the_ranks_own_lines_no_rank_is_named():
+    # The newer wording, and only the waiting side: who is missing is not in the text.
+    rc = _verdict(WAITING.format(r=0, joined="num_workers_joined")).root_cause
+    assert rc.category == "comm_init_failure"
+    assert rc.culprit.ranks == []
+    assert "does not say which" in rc.summary
+
+
+def test_a_barrier_seen_completing_is_not_a_set_up_failure():
+    text = ADDED.format(r=0) + WAITING.format(r=0, joined="worker_count")
+    text += "".join(DONE.format(r=r) for r in range(4))
+    assert _verdict(text).root_cause.category != "comm_init_failure"
