@@ -17,6 +17,7 @@ from hangdx.playbooks.facts import Facts, RankView, call_site, row_vote, user_fr
 from hangdx.playbooks.signals import (
     aborted,
     after_a_crash,
+    fabric_port,
     flushed,
     loopback,
     lost_peer,
@@ -1142,6 +1143,7 @@ def network_fault(facts: Facts) -> Iterator[Match]:
     )
     ports = sorted({f"{p.host}:{p.ca}/{p.port}" if p.host else f"{p.ca}/{p.port}" for p in down})
     ports += sorted({f"{h}:{ca}/{port}" if h else f"{ca}/{port}" for h, ca, port, _, _, _ in rising})
+    ports += [x for e in nccl + links if (x := fabric_port(e))]
     evidence = [e.quote for e in nccl[:4]] + [e.quote for e in links[:2]]
     evidence += [p.quote for p in down if p.quote][:3]
     for _, _, _, _, _, q in rising[:3]:

@@ -336,12 +336,29 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     if category in _BOTH_ENDS:
         hosts |= {p for e in events if (p := peer_host(e)) and not loopback(p)}
     gpus = list(dict.fromkeys(g for e in speakers if (g := _gpu(e))))
+    links = list(dict.fromkeys(x for e in events if (x := fabric_port(e)))) if category == "network_fault" else []
     procs = []
     if not ranks:
         procs = list(
             dict.fromkeys(f"{e.host} pid {e.pid}" if e.host else f"pid {e.pid}" for e in speakers if e.pid)
         )
-    return Culprit(ranks=ranks, hosts=sorted(hosts), gpus=gpus, processes=procs[:8])
+    return Culprit(ranks=ranks, hosts=sorted(hosts), gpus=gpus, links=links[:8], processes=procs[:8])
+
+
+def fabric_port(e: LogEvent) -> str | None:
+    """The fabric port a line is about, as the network playbook names ports (`host:ca/port`): NCCL's IB lines name
+    the HCA and its port (`mlx5_0:1`; probes/nccl_log.py reads an async event's as `device`), rdma-core's tools the
+    device and its port (`rdma link`: `mlx5_1/1`). A number is no HCA (`GPU Direct RDMA ... for HCA 0`)."""
+    f = e.fields
+    dev = f.get("hca")
+    if not (isinstance(dev, str) and dev and not dev.isdigit()):
+        rdma = str(f.get("signal_row", "")).startswith("rdma.") or e.kind == "nccl_port_error"
+        dev = f.get("device") if rdma else None
+    if not (isinstance(dev, str) and dev and not dev.isdigit()):
+        return None
+    port = f.get("port")
+    name = f"{dev}/{port}" if isinstance(port, int) or (isinstance(port, str) and port.isdigit()) else dev
+    return f"{e.host}:{name}" if e.host else name
 
 
 def _the_one_aborted(facts: Facts, events: list[LogEvent]) -> list[int]:
