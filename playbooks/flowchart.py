@@ -19,6 +19,7 @@ from hangdx.playbooks.signals import (
     after_a_crash,
     fabric_port,
     flushed,
+    is_wait,
     loopback,
     lost_peer,
     own_crashes,
@@ -198,6 +199,10 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     init_logs = [e for e in init_logs if e.fields.get("stage") != "data" and not lost_peer(e)]
     barrier, absent = _init_barrier_waits(facts)
     init_logs += barrier
+    framework: list[LogEvent] = []
+    if not in_init and not init_logs:
+        framework, absent = _framework_init_waits(facts)
+        init_logs = framework
     if not in_init and not init_logs:
         return
     if in_init and not _hung(facts):
@@ -218,7 +223,7 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     where = {r: facts.ranks[r].location.describe() for r in others}
     yield Match(
         "comm_init_failure",
-        0.9 if in_init and late else 0.7,
+        0.9 if in_init and late else 0.55 if framework else 0.7,
         Culprit(ranks=late, hosts=facts.hosts_of(late) or _hosts_of_events(init_logs)),
         evidence,
         {
@@ -237,6 +242,13 @@ def never_joined(facts: Facts) -> Iterator[Match]:
             "barrier": [
                 {"joined": e.fields.get("joined"), "world_size": e.fields.get("world_size")}
                 for e in barrier[-1:]
+            ],
+            "framework": [
+                {
+                    "members": len({str(x.fields.get("global_rank")) for x in framework}),
+                    "world_size": e.fields.get("world_size"),
+                }
+                for e in framework[-1:]
             ],
         },
         status="hung",
@@ -270,6 +282,54 @@ def _init_barrier_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
     }
     absent = sorted(set(range(size)) - added) if added and len(added) >= joined and size <= 4096 else []
     return waits, absent
+
+
+# Lines a job prints only once it is past set-up: progress bars and step counters, collectives under way, finished
+# training, checkpoints.
+_PAST_SET_UP = frozenset(
+    {
+        "progress",
+        "step_counter",
+        "step_timing",
+        "step_data_time",
+        "data_progress",
+        "collective_progress",
+        "training_finished",
+        "checkpoint_io",
+    }
+)
+
+
+def _kind_of(e: LogEvent) -> str:
+    return str(e.fields.get("signal_event") or e.kind)
+
+
+def _framework_init_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
+    """Lightning's set-up lines with no completion after them (and no rank named: see below).
+
+    _init_dist_connection (lightning_fabric/utilities/distributed.py) logs `Initializing distributed: GLOBAL_RANK: r,
+    MEMBER: r+1/W` in every process just before init_process_group, and rank 0 logs `All distributed processes
+    registered. Starting with W processes` once it returns. Read only where the text shows nothing of the job past
+    set-up (no stack, no collective wait or progress, no line of another category): a paste cut before the completion line
+    while the job went on is not a set-up that hangs."""
+    starts = [
+        e
+        for e in facts.ev.events_of("comm_init_start")
+        if e.fields.get("signal_row") == "lightning_init_distributed"
+    ]
+    if not starts or facts.ev.events_of("comm_init_done") or any(v.locations for v in facts.ranks.values()):
+        return [], []
+    if facts.ev.collectives or any(e.fields.get("complete") for e in facts.ev.events_of("nccl_init")):
+        return [], []  # NCCL lines of collectives, or a communicator NCCL says it completed: past set-up
+    if any(
+        is_wait(e)
+        or e.fields.get("signal_category") not in (None, "comm_init_failure")
+        or _kind_of(e) in _PAST_SET_UP
+        for e in facts.ev.events
+    ):
+        return [], []
+    # The ranks with no line are not named: a node's log holds its own ranks only, and nothing counts who arrived.
+    return starts, []
 
 
 @playbook("ddp_unused_parameters", order=30)

@@ -93,6 +93,11 @@ def _waiting(e: LogEvent) -> bool:
     return bool(_WAITING.search(_kind(e)))
 
 
+def is_wait(e: LogEvent) -> bool:
+    """Whether the line says its process waits in (or timed out in) a collective: a victim, never the cause."""
+    return _waiting(e)
+
+
 def aborted(e: LogEvent) -> bool:
     """A process that ended by abort() (SIGABRT): ProcessGroupNCCL's watchdog ends a rank so after a collective
     timeout or an NCCL error ("To avoid data inconsistency, we are taking the entire process down"; the exception
@@ -336,7 +341,9 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
     if category in _BOTH_ENDS:
         hosts |= {p for e in events if (p := peer_host(e)) and not loopback(p)}
     gpus = list(dict.fromkeys(g for e in speakers if (g := _gpu(e))))
-    links = list(dict.fromkeys(x for e in events if (x := fabric_port(e)))) if category == "network_fault" else []
+    links = (
+        list(dict.fromkeys(x for e in events if (x := fabric_port(e)))) if category == "network_fault" else []
+    )
     procs = []
     if not ranks:
         procs = list(

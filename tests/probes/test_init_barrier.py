@@ -9,6 +9,8 @@ group for rank: R, key: ... (world_size=W, worker_count=J, timeout=...)` (`num_w
 
 from __future__ import annotations
 
+import pytest
+
 from hangdx.playbooks import engine
 from hangdx.probes import reader
 from hangdx.probes.model import Evidence, Source
@@ -49,3 +51,43 @@ def test_a_barrier_seen_completing_is_not_a_set_up_failure():
     text = ADDED.format(r=0) + WAITING.format(r=0, joined="worker_count")
     text += "".join(DONE.format(r=r) for r in range(4))
     assert _verdict(text).root_cause.category != "comm_init_failure"
+
+
+# Lightning's set-up (lightning_fabric/utilities/distributed.py _init_dist_connection): every process logs
+# `Initializing distributed: GLOBAL_RANK: r, MEMBER: r+1/W` before init_process_group; rank 0 logs `All distributed
+# processes registered. Starting with W processes` after it.
+LIGHTNING = "Initializing distributed: GLOBAL_RANK: {r}, MEMBER: {m}/4\n"
+REGISTERED = "All distributed processes registered. Starting with 4 processes\n"
+
+
+def _lightning(ranks) -> str:
+    return "".join(LIGHTNING.format(r=r, m=r + 1) for r in ranks)
+
+
+def test_lightning_set_up_that_never_registers_is_a_set_up_hang():
+    rc = _verdict(_lightning(range(4))).root_cause
+    assert rc.category == "comm_init_failure"
+    assert rc.culprit.ranks == []  # nothing counts who arrived
+
+
+def test_lightning_lines_of_some_ranks_name_no_missing_rank():
+    # One node's log holds its own ranks only: the others are not named as never having started.
+    rc = _verdict(_lightning([0, 1])).root_cause
+    assert rc.category == "comm_init_failure"
+    assert rc.culprit.ranks == []
+    assert "not in the text" in rc.summary
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        REGISTERED,
+        "Epoch 0:  12%|#2        | 12/100 [00:10<01:10,  1.25it/s, loss=2.31]\n",
+        "node1:100:100 [0] NCCL INFO comm 0x55d1 rank 0 nranks 4 cudaDev 0 busId 18000 - Init COMPLETE\n",
+        "node1:100:100 [0] NCCL INFO AllReduce: opCount 5 sendbuff 0x7f1 recvbuff 0x7f1 count 1024 datatype 7 op 0 "
+        "root 0 comm 0x55d1 [nranks=4] stream 0x55e1\n",
+    ],
+    ids=["registered", "progress", "nccl-init-complete", "nccl-collective"],
+)
+def test_lightning_set_up_followed_by_the_job_going_on_is_not_a_set_up_hang(after):
+    assert _verdict(_lightning(range(4)) + after).root_cause.category != "comm_init_failure"
