@@ -17,6 +17,7 @@ from hangdx.playbooks.facts import Facts, RankView, call_site, row_vote, user_fr
 from hangdx.playbooks.signals import (
     aborted,
     after_a_crash,
+    event_kind,
     fabric_port,
     flushed,
     is_wait,
@@ -300,18 +301,14 @@ _PAST_SET_UP = frozenset(
 )
 
 
-def _kind_of(e: LogEvent) -> str:
-    return str(e.fields.get("signal_event") or e.kind)
-
-
 def _framework_init_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
     """Lightning's set-up lines with no completion after them (and no rank named: see below).
 
     _init_dist_connection (lightning_fabric/utilities/distributed.py) logs `Initializing distributed: GLOBAL_RANK: r,
     MEMBER: r+1/W` in every process just before init_process_group, and rank 0 logs `All distributed processes
     registered. Starting with W processes` once it returns. Read only where the text shows nothing of the job past
-    set-up (no stack, no collective wait or progress, no line of another category): a paste cut before the completion line
-    while the job went on is not a set-up that hangs."""
+    set-up (no stack, no collective wait or progress, no line of another category): a paste cut before the
+    completion line while the job went on is not a set-up that hangs."""
     starts = [
         e
         for e in facts.ev.events_of("comm_init_start")
@@ -324,7 +321,7 @@ def _framework_init_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
     if any(
         is_wait(e)
         or e.fields.get("signal_category") not in (None, "comm_init_failure")
-        or _kind_of(e) in _PAST_SET_UP
+        or event_kind(e) in _PAST_SET_UP
         for e in facts.ev.events
     ):
         return [], []

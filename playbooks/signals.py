@@ -83,19 +83,15 @@ _ABORT_CODES = (-6, 134)
 _ABORT_NAMES = ("SIGABRT", "Aborted", "6")
 
 
-def _kind(e: LogEvent) -> str:
+def event_kind(e: LogEvent) -> str:
     return str(
         e.fields.get("signal_event") or e.kind
     )  # a kind kept aside for lack of fields (probes/signals.py)
 
 
-def _waiting(e: LogEvent) -> bool:
-    return bool(_WAITING.search(_kind(e)))
-
-
 def is_wait(e: LogEvent) -> bool:
     """Whether the line says its process waits in (or timed out in) a collective: a victim, never the cause."""
-    return _waiting(e)
+    return bool(_WAITING.search(event_kind(e)))
 
 
 def aborted(e: LogEvent) -> bool:
@@ -146,7 +142,7 @@ _IB_STATUS = lazy(r"with (?:error|status) (\d{1,3})\b")
 
 def flushed(e: LogEvent) -> bool:
     """An InfiniBand completion that only says the queue pair had already failed (status 5, flushed)."""
-    if "completion" not in _kind(e) and "completion" not in e.quote.text[:300].lower():
+    if "completion" not in event_kind(e) and "completion" not in e.quote.text[:300].lower():
         return False
     status = e.fields.get("errno", e.fields.get("status"))
     if not str(status).isdigit():
@@ -194,7 +190,7 @@ def after_own_comm_error(e: LogEvent, marked: list[LogEvent], clock: Clock) -> b
         return False
     return any(
         o.fields.get("signal_category") in _COMM_CATEGORIES
-        and not _waiting(o)
+        and not is_wait(o)
         and o.pid == e.pid
         and o.host == e.host
         and clock.before(o, e) is True
@@ -220,7 +216,7 @@ def _survivor(e: LogEvent) -> bool:
     return (
         lost_peer(e)
         or e.fields.get("signal_reading") == "remote_error"
-        or _kind(e) in OBSERVED_ENDS
+        or event_kind(e) in OBSERVED_ENDS
         or ("NCCL" in e.quote.text and NCCL_REMOTE_ERROR in nccl_results([e]))
     )
 
@@ -444,7 +440,7 @@ def _readings(facts: Facts) -> tuple[list[LogEvent], set[int]]:
     cut = [t for t in facts.ev.events_of("traceback_cut") if t.fields.get("where") in TRACEBACK_END]
     # NCCL's INFO lines about a closed connection are also what every normal end prints (ncclCommDestroy closes
     # them all): they say a peer went away only beside a failure.
-    failing = any(e.fields.get("signal_category") or _waiting(e) for e in facts.ev.events)
+    failing = any(e.fields.get("signal_category") or is_wait(e) for e in facts.ev.events)
     for e in facts.ev.events:
         names_peer = bool(e.fields.get("peer")) or e.fields.get("local_rank") is not None
         if not e.fields.get("signal_row") and not names_peer:
@@ -452,7 +448,7 @@ def _readings(facts: Facts) -> tuple[list[LogEvent], set[int]]:
         category = e.fields.get("signal_category")
         if category == "network_fault" and flushed(e):
             continue  # the echo of the queue pair's first failure: the lines around it say which
-        if _waiting(e):
+        if is_wait(e):
             if category:
                 out.append(e)
             continue
@@ -516,7 +512,7 @@ def _casualty(
     if aborted(e):
         return "abort"
     category = str(e.fields.get("signal_category"))
-    if category not in _TEARDOWN_CATEGORIES or _HARDWARE.search(_kind(e)):
+    if category not in _TEARDOWN_CATEGORIES or _HARDWARE.search(event_kind(e)):
         return None
     order = [o for w in waiting if (o := clock.before(e, w)) is not None]
     if order and all(order):
@@ -587,7 +583,7 @@ def signals(facts: Facts) -> Iterator[Match]:
     marked, results = _readings(facts)
     marked = [e for e in marked if e.fields.get("signal_category")]
     clock = Clock(facts.ev.events)
-    waiting = [e for e in marked if _waiting(e)]
+    waiting = [e for e in marked if is_wait(e)]
     waiters = {e.rank for e in waiting if e.rank is not None}
     waits = _waits(facts, waiting)
     single = _one_host(facts)
@@ -595,7 +591,7 @@ def signals(facts: Facts) -> Iterator[Match]:
     casualties: list[tuple[LogEvent, str]] = []
     crashes = own_crashes(facts)
     for e in marked:
-        if _waiting(e):
+        if is_wait(e):
             continue
         why = _casualty(e, waiting, clock, waiters, set(waits.unheard), single)
         if (
@@ -879,9 +875,9 @@ def _waiting_alone(
         {
             e.fields["rank"]
             for e in waiting
-            if _ABSENTEES.search(_kind(e)) and isinstance(e.fields.get("rank"), int)
+            if _ABSENTEES.search(event_kind(e)) and isinstance(e.fields.get("rank"), int)
         }
-        | {r for e in waiting if _ABSENTEES.search(_kind(e)) for r in named_ranks(e)}
+        | {r for e in waiting if _ABSENTEES.search(event_kind(e)) for r in named_ranks(e)}
     )
     w = _waits(facts, waiting)
     reporters, group, unheard = w.reporters, w.group, w.unheard
