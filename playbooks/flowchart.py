@@ -198,16 +198,17 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     # that was up and went away (broken pipe, reset or closed by the peer) is no set-up failure: its peer ended
     # (the signal catalogue's reading, playbooks/signals.py); a refused or unanswered connect is one.
     init_logs = [e for e in init_logs if e.fields.get("stage") != "data" and not lost_peer(e)]
-    barrier, absent = _init_barrier_waits(facts)
+    barrier, absent, joined = _init_barrier_waits(facts)
     init_logs += barrier
     framework: list[LogEvent] = []
     if not in_init and not init_logs:
-        framework, absent = _framework_init_waits(facts)
+        framework = _framework_init_waits(facts)
         init_logs = framework
     if not in_init and not init_logs:
         return
     if in_init and not _hung(facts):
         return
+    blamed = [e for e in init_logs if e not in barrier and e not in framework]
     others = sorted(r for r, v in facts.ranks.items() if v.alive and r not in in_init and v.locations)
     late = sorted(set(facts.missing) | set(others) | set(absent))
     on_loopback = [e for e in facts.ev.events_of("loopback_fallback") if e.rank is not None]
@@ -225,7 +226,8 @@ def never_joined(facts: Facts) -> Iterator[Match]:
     yield Match(
         "comm_init_failure",
         0.9 if in_init and late else 0.55 if framework else 0.7,
-        Culprit(ranks=late, hosts=facts.hosts_of(late) or _hosts_of_events(init_logs)),
+        # The barrier's and Lightning's lines come from processes that arrived: their hosts are not the culprit's.
+        Culprit(ranks=late, hosts=facts.hosts_of(late) or _hosts_of_events(blamed)),
         evidence,
         {
             **_crowd_ctx(facts),
@@ -240,28 +242,36 @@ def never_joined(facts: Facts) -> Iterator[Match]:
             ),
             "log_hosts": _hosts_of_events(init_logs),
             "loopback_ranks": sorted({e.rank for e in on_loopback}),
-            "barrier": [
-                {"joined": e.fields.get("joined"), "world_size": e.fields.get("world_size")}
-                for e in barrier[-1:]
-            ],
+            "barrier": [{"joined": joined, "world_size": e.fields.get("world_size")} for e in barrier[-1:]],
             "framework": [
                 {
-                    "members": len({str(x.fields.get("global_rank")) for x in framework}),
+                    "members": len(
+                        {
+                            str(x.fields.get("global_rank"))
+                            for x in framework
+                            if x.fields.get("world_size") == e.fields.get("world_size")
+                        }
+                    ),
                     "world_size": e.fields.get("world_size"),
                 }
                 for e in framework[-1:]
+                if isinstance(e.fields.get("world_size"), int)
             ],
         },
         status="hung",
     )
 
 
-def _init_barrier_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
-    """init_process_group's store barrier still waiting for processes that never arrived, and those processes.
+def _init_barrier_waits(facts: Facts) -> tuple[list[LogEvent], list[int], int]:
+    """A process group's set-up barrier still waiting for processes that never arrived, those processes, and how many
+    had arrived.
 
-    _store_based_barrier (torch/distributed/distributed_c10d.py) logs its wait every 10 s while fewer than
-    world_size processes have counted themselves in; a key whose barrier is seen completing is not waiting. The
-    ranks that never arrived are named only when every one that did says so (its "Added key ... for rank: N")."""
+    _store_based_barrier (torch/distributed/distributed_c10d.py; init_process_group and new_group run it) logs its
+    wait every 10 s while fewer than world_size processes have counted themselves in; a key whose barrier is seen
+    completing is not waiting, nor is one the job is seen past (progress, collectives). The processes that never
+    arrived are named only for the first group's key (`:0` or `:1`, by release: a later group's barrier counts the
+    group's size while it logs global ranks), when every process that arrived says so ("Added key ... for rank: N",
+    a debug line in the newest releases)."""
     done = {e.fields.get("key") for e in facts.ev.events_of("store_barrier_done")}
     waits = [
         e
@@ -271,18 +281,18 @@ def _init_barrier_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
         and isinstance(e.fields.get("world_size"), int)
         and e.fields["joined"] < e.fields["world_size"]
     ]
-    if not waits:
-        return [], []
-    last = waits[-1]
-    key, size = last.fields.get("key"), last.fields["world_size"]
+    if not waits or _past_set_up(facts):
+        return [], [], 0
+    key, size = waits[-1].fields.get("key"), waits[-1].fields["world_size"]
     joined = max(e.fields["joined"] for e in waits if e.fields.get("key") == key)
     added = {
         e.fields["rank"]
         for e in facts.ev.events_of("store_barrier_key_added")
-        if e.fields.get("key") == key and isinstance(e.fields.get("rank"), int) and e.fields["rank"] < size
+        if e.fields.get("key") == key and isinstance(e.fields.get("rank"), int)
     }
-    absent = sorted(set(range(size)) - added) if added and len(added) >= joined and size <= 4096 else []
-    return waits, absent
+    first_group = str(key).rsplit(":", 1)[-1] in ("0", "1")
+    named = first_group and added and len(added) >= joined and all(r < size for r in added) and size <= 4096
+    return waits, sorted(set(range(size)) - added) if named else [], joined
 
 
 # Lines a job prints only once it is past set-up: progress bars and step counters, collectives under way, finished
@@ -297,36 +307,45 @@ _PAST_SET_UP = frozenset(
         "collective_progress",
         "training_finished",
         "checkpoint_io",
+        "lightning_device_setup",
     }
 )
 
 
-def _framework_init_waits(facts: Facts) -> tuple[list[LogEvent], list[int]]:
-    """Lightning's set-up lines with no completion after them (and no rank named: see below).
+def _past_set_up(facts: Facts) -> bool:
+    """Whether the text shows the job past set-up: a stack, a collective wait, progress, NCCL collectives or a
+    communicator NCCL says it completed."""
+    if any(v.locations for v in facts.ranks.values()) or facts.ev.collectives:
+        return True
+    if any(e.fields.get("complete") for e in facts.ev.events_of("nccl_init")):
+        return True
+    return any(is_wait(e) or event_kind(e) in _PAST_SET_UP for e in facts.ev.events)
+
+
+def _framework_init_waits(facts: Facts) -> list[LogEvent]:
+    """Lightning's set-up lines with no completion after them (no rank named: see below).
 
     _init_dist_connection (lightning_fabric/utilities/distributed.py) logs `Initializing distributed: GLOBAL_RANK: r,
-    MEMBER: r+1/W` in every process just before init_process_group, and rank 0 logs `All distributed processes
-    registered. Starting with W processes` once it returns. Read only where the text shows nothing of the job past
-    set-up (no stack, no collective wait or progress, no line of another category): a paste cut before the
-    completion line while the job went on is not a set-up that hangs."""
+    MEMBER: r+1/W` in every process just before init_process_group, and rank 0 alone logs `All distributed
+    processes registered. Starting with W processes` once it returns: only a text with rank 0's line can lack it.
+    Read only where the text shows nothing of the job past set-up (no stack, no collective wait or progress, no
+    per-rank device line, no line of another category): a paste cut before the completion line while the job went
+    on is not a set-up that hangs. The ranks with no line are not named: a node's log holds its own ranks only, and
+    nothing counts who arrived."""
     starts = [
         e
         for e in facts.ev.events_of("comm_init_start")
         if e.fields.get("signal_row") == "lightning_init_distributed"
     ]
-    if not starts or facts.ev.events_of("comm_init_done") or any(v.locations for v in facts.ranks.values()):
-        return [], []
-    if facts.ev.collectives or any(e.fields.get("complete") for e in facts.ev.events_of("nccl_init")):
-        return [], []  # NCCL lines of collectives, or a communicator NCCL says it completed: past set-up
-    if any(
-        is_wait(e)
-        or e.fields.get("signal_category") not in (None, "comm_init_failure")
-        or event_kind(e) in _PAST_SET_UP
-        for e in facts.ev.events
+    if not any(str(e.fields.get("global_rank")) == "0" for e in starts) or facts.ev.events_of(
+        "comm_init_done"
     ):
-        return [], []
-    # The ranks with no line are not named: a node's log holds its own ranks only, and nothing counts who arrived.
-    return starts, []
+        return []
+    if _past_set_up(facts) or any(
+        e.fields.get("signal_category") not in (None, "comm_init_failure") for e in facts.ev.events
+    ):
+        return []
+    return starts
 
 
 @playbook("ddp_unused_parameters", order=30)

@@ -91,3 +91,55 @@ def test_lightning_lines_of_some_ranks_name_no_missing_rank():
 )
 def test_lightning_set_up_followed_by_the_job_going_on_is_not_a_set_up_hang(after):
     assert _verdict(_lightning(range(4)) + after).root_cause.category != "comm_init_failure"
+
+
+def test_the_newest_wording_is_read_too():
+    line = (
+        PREFIX + "Waiting in store based barrier to initialize process group for 30.01 secondsrank: 0, key: "
+        "store_based_barrier_key:1 (world_size=4, num_workers_joined=3, timeout=0:30:00 error=Wait timeout)\n"
+    )
+    rc = _verdict(line).root_cause
+    assert rc.category == "comm_init_failure"
+    assert "3 of 4" in rc.summary
+
+
+def test_the_count_said_is_the_highest_the_barrier_logged():
+    text = ADDED.format(r=0) + ADDED.format(r=1) + ADDED.format(r=2)
+    text += WAITING.format(r=1, joined="worker_count").replace("worker_count=2", "worker_count=1")
+    text += WAITING.format(r=0, joined="worker_count").replace("worker_count=2", "worker_count=3")
+    rc = _verdict(text).root_cause
+    assert rc.culprit.ranks == [3]
+    assert "3 of 4" in rc.summary
+
+
+def test_the_waiting_processes_host_is_not_the_culprits():
+    ev = Evidence()
+    text = ADDED.format(r=0) + ADDED.format(r=1) + WAITING.format(r=0, joined="worker_count")
+    reader.read_text([text.encode()], Source("node-a.log", host="node-a"), ev)
+    rc = engine.run(ev).root_cause
+    assert rc.culprit.ranks == [2, 3]
+    assert "node-a" not in rc.culprit.hosts
+
+
+def test_a_later_groups_barrier_names_no_rank():
+    # new_group's barrier counts the group's members but logs global ranks: the missing ones cannot be told.
+    text = (ADDED.format(r=0) + WAITING.format(r=0, joined="worker_count")).replace("key:1", "key:3")
+    rc = _verdict(text).root_cause
+    assert rc.category == "comm_init_failure"
+    assert rc.culprit.ranks == []
+
+
+def test_a_barrier_wait_the_job_is_seen_past_is_not_a_set_up_failure():
+    text = WAITING.format(r=0, joined="worker_count")
+    text += "Epoch 0:  12%|#2        | 12/100 [00:10<01:10,  1.25it/s, loss=2.31]\n"
+    assert _verdict(text).root_cause.category != "comm_init_failure"
+
+
+def test_lightning_lines_without_rank_zero_are_no_hang():
+    # Only rank 0 prints the completion line: another node's log never has it.
+    assert _verdict(_lightning(range(2, 4))).root_cause.category != "comm_init_failure"
+
+
+def test_lightning_ranks_past_set_up_say_so():
+    text = _lightning(range(4)) + "LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: [0,1,2,3]\n"
+    assert _verdict(text).root_cause.category != "comm_init_failure"
