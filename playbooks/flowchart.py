@@ -243,20 +243,7 @@ def never_joined(facts: Facts) -> Iterator[Match]:
             "log_hosts": _hosts_of_events(init_logs),
             "loopback_ranks": sorted({e.rank for e in on_loopback}),
             "barrier": [{"joined": joined, "world_size": e.fields.get("world_size")} for e in barrier[-1:]],
-            "framework": [
-                {
-                    "members": len(
-                        {
-                            str(x.fields.get("global_rank"))
-                            for x in framework
-                            if x.fields.get("world_size") == e.fields.get("world_size")
-                        }
-                    ),
-                    "world_size": e.fields.get("world_size"),
-                }
-                for e in framework[-1:]
-                if isinstance(e.fields.get("world_size"), int)
-            ],
+            "framework": _members_seen(framework),
         },
         status="hung",
     )
@@ -293,6 +280,15 @@ def _init_barrier_waits(facts: Facts) -> tuple[list[LogEvent], list[int], int]:
     first_group = str(key).rsplit(":", 1)[-1] in ("0", "1")
     named = first_group and added and len(added) >= joined and all(r < size for r in added) and size <= 4096
     return waits, sorted(set(range(size)) - added) if named else [], joined
+
+
+def _members_seen(starts: list[LogEvent]) -> list[dict]:
+    """How many processes of the last set-up's world printed their set-up line, and of how many ([] for none)."""
+    size = starts[-1].fields.get("world_size") if starts else None
+    if not isinstance(size, int):
+        return []
+    seen = {str(e.fields.get("global_rank")) for e in starts if e.fields.get("world_size") == size}
+    return [{"members": len(seen), "world_size": size}]
 
 
 # Lines a job prints only once it is past set-up: progress bars and step counters, collectives under way, finished

@@ -349,17 +349,12 @@ def _culprit(events: list[LogEvent], category: str = "") -> Culprit:
 
 
 def fabric_port(e: LogEvent) -> str | None:
-    """The fabric port a line is about, as the network playbook names ports (`host:ca/port`): NCCL's IB lines name
-    the HCA and its port (`mlx5_0:1`; probes/nccl_log.py reads an async event's as `device`), rdma-core's tools the
-    device and its port (`rdma link`: `mlx5_1/1`). A number is no HCA (`GPU Direct RDMA ... for HCA 0`)."""
-    f = e.fields
-    dev = f.get("hca")
-    if not (isinstance(dev, str) and dev and not dev.isdigit()):
-        rdma = str(f.get("signal_row", "")).startswith("rdma.") or e.kind == "nccl_port_error"
-        dev = f.get("device") if rdma else None
+    """The fabric port a line is about, as the network playbook names ports (`host:ca/port`): the HCA and its port
+    that NCCL's IB lines (`mlx5_0:1`) and rdma-core's tools (`rdma link`: `mlx5_1/1`) name. A number is no HCA
+    (`GPU Direct RDMA ... for HCA 0`)."""
+    dev, port = e.fields.get("hca"), e.fields.get("port")
     if not (isinstance(dev, str) and dev and not dev.isdigit()):
         return None
-    port = f.get("port")
     name = f"{dev}/{port}" if isinstance(port, int) or (isinstance(port, str) and port.isdigit()) else dev
     return f"{e.host}:{name}" if e.host else name
 

@@ -444,7 +444,7 @@ def _one(nl: NcclLine, src: Source, ev: Evidence, st: _State) -> None:
             nl,
             src,
             ev,
-            device=m["dev"],
+            hca=m["dev"],  # named as the catalogue's rows for the same line name it
             port=int(m["port"]) if m["port"] else None,
             event=event.strip(),
             event_code=int(code.group(1)) if code else None,

@@ -106,7 +106,7 @@ def test_ib_status_form_2_29_with_rank_prefix_and_timestamps():
     assert e.fields["peer"] == "10.20.0.8<52311>" and e.fields["timestamp"] == "2025-09-14 03:12:44"
     assert (e.rank, e.host) == (12, "gpu-node-07")
     ports = ev.events_of("nccl_port_error")
-    assert [(p.fields["device"], p.fields["port"], p.fields["event"]) for p in ports] == [
+    assert [(p.fields["hca"], p.fields["port"], p.fields["event"]) for p in ports] == [
         ("mlx5_4", 1, "port error"),
         ("mlx5_4", 1, "port active"),
         ("mlx5_4", 1, "GID table change"),
